@@ -1,0 +1,112 @@
+"""python -m alibi_ref: the chapter's worked example, slope tables and traces, live."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from .attention import multi_head_alibi
+from .examples import cat_sat_on_mat
+from .explain import explain
+from .slopes import SCHEDULES, get_slopes
+
+
+def resolve_device(name: str | None):
+    """None means NumPy. A device torch cannot use falls back to the CPU with one line on stderr."""
+    if name is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise SystemExit(f"error: --device {name!r} is not a device torch knows ({err})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"note: --device {name} asked for, but torch sees no CUDA GPU here; running on the CPU",
+              file=sys.stderr)
+        return torch.device("cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        print(f"note: --device {name} asked for, but MPS is not available; running on the CPU", file=sys.stderr)
+        return torch.device("cpu")
+    return device
+
+
+def to_numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def table(matrix, rows, cols) -> str:
+    width = max(7, *(len(str(c)) + 1 for c in cols), *(len(str(r)) + 1 for r in rows))
+    lines = [" " * width + "".join(f"{c:>{width}}" for c in cols)]
+    lines += [f"{r:<{width}}" + "".join(f"{x:>{width}.4f}" for x in row) for r, row in zip(rows, matrix)]
+    return "\n".join(lines)
+
+
+def cmd_example(args) -> None:
+    ex = cat_sat_on_mat()
+    device = resolve_device(args.device)
+    slopes = get_slopes(2, "textbook")
+    Q, K, V = ex.Q, ex.K, ex.V
+    if device is not None:
+        import torch
+
+        Q, K, V = (torch.tensor(x, dtype=torch.float64, device=device) for x in (Q, K, V))
+    output, weights = (to_numpy(x) for x in multi_head_alibi(Q, K, V, 2, slopes))
+    where = "NumPy" if device is None else f"torch on {device}"
+    print(f"ALiBi on {' '.join(ex.tokens)!r}: d_model = 4, 2 heads, d_k = 2, slopes 1/2 and 1/4 ({where})\n")
+    for h, m in enumerate(slopes):
+        print(f"Head {h + 1} weights (m = {m:g}):\n{table(weights[h], ex.tokens, ex.tokens)}\n")
+    print(f"Averaged weights (Head 1 + Head 2) / 2:\n{table(weights.mean(0), ex.tokens, ex.tokens)}\n")
+    dims = [f"dim-{c}" for c in range(output.shape[1])]
+    print(f"Final output (5x4):\n{table(output, ex.tokens, dims)}")
+
+
+def cmd_slopes(args) -> None:
+    slopes = get_slopes(args.n_heads, args.schedule, max_bias=args.max_bias)
+    print(f"{args.schedule} slopes for {args.n_heads} heads")
+    print(f"{'head':>4}  {'slope':>12}  {'log2':>7}  {'penalty at distance 10':>22}")
+    for h, m in enumerate(slopes, start=1):
+        log2 = f"{np.log2(m):7.3f}" if m > 0 else f"{'-inf':>7}"
+        print(f"{h:>4}  {m:12.8f}  {log2}  {-10 * m:22.4f}")
+
+
+def cmd_explain(args) -> None:
+    ex = cat_sat_on_mat()
+    query = int(args.token) if args.token.lstrip("-").isdigit() else args.token
+    try:
+        print(explain(ex.Q, ex.K, ex.V, ex.tokens, query, device=resolve_device(args.device)))
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m alibi_ref", description=__doc__)
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", default=None,
+                        help="run with torch on this device (cpu, cuda, cuda:1, mps); default: NumPy")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("example", parents=[device], help="the chapter's worked tables, computed live")
+    p.set_defaults(run=cmd_example)
+
+    p = sub.add_parser("slopes", help="the slope of every head")
+    p.add_argument("n_heads", type=int)
+    p.add_argument("--schedule", choices=SCHEDULES, default="paper")
+    p.add_argument("--max-bias", type=float, default=8.0, help="the 8 of the paper schedule (MPT's alibi_bias_max)")
+    p.set_defaults(run=cmd_slopes)
+
+    p = sub.add_parser("explain", parents=[device], help="trace one query of 'The cat sat on mat'")
+    p.add_argument("token", help="a token (The, cat, sat, on, mat) or a row index")
+    p.set_defaults(run=cmd_explain)
+
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""What little differs between NumPy and torch, kept in one place.
+
+torch is imported lazily: a NumPy-only user (most of the course) never pays
+its import. An object can only be a tensor if torch is already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def is_tensor(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def softmax(scores):
+    """Row-wise softmax over the last axis (the keys j).
+
+    Shift-invariant: softmax(s + c) = softmax(s) for any constant c per row, so
+    subtracting the row maximum changes nothing but keeps exp() from overflowing.
+    Rows that hold -inf (causal mask) get weight exactly 0 there.
+    """
+    if is_tensor(scores):
+        return scores.softmax(dim=-1)
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def repeat_heads(x, groups: int):
+    """(..., H_kv, n, d) -> (..., H_kv * groups, n, d): query head h reads KV head h // groups."""
+    if groups == 1:
+        return x
+    if is_tensor(x):
+        return x.repeat_interleave(groups, dim=-3)
+    return np.repeat(x, groups, axis=-3)
+
+
+def float_dtypes(x):
+    """(output dtype, working dtype) for values derived from ``x``.
+
+    The output keeps x's float dtype (float64 for integer input, or torch's default
+    for integer tensors); the work is done in at least float32, so nothing is
+    rounded to a 16-bit float before the last step.
+    """
+    if is_tensor(x):
+        import torch
+
+        out = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+        return out, torch.promote_types(out, torch.float32)
+    out = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float64)
+    return out, np.promote_types(out, np.float32)
+
+
+def cast(x, dtype):
+    return x.to(dtype) if is_tensor(x) else x.astype(dtype)
+
+
+def arange(n: int, like=None):
+    """0 .. n-1 as integers, on ``like``'s device when it is a tensor."""
+    if is_tensor(like):
+        import torch
+
+        return torch.arange(n, device=like.device)
+    return np.arange(n)
+
+
+def where_negative(rel, values, fill: float):
+    """``values`` with ``fill`` wherever ``rel`` < 0."""
+    if is_tensor(values):
+        return values.masked_fill(rel < 0, fill)
+    return np.where(rel < 0, fill, values)
+
+
+def broadcast_to(x, shape):
+    return x.broadcast_to(shape) if is_tensor(x) else np.broadcast_to(x, shape)
+
+
+def as_like(x, like, dtype):
+    """``x`` (array, list or tensor) as ``like``'s kind: a tensor on its device, or a NumPy array."""
+    if is_tensor(like):
+        import torch
+
+        return torch.as_tensor(x, device=like.device).to(dtype)
+    if is_tensor(x):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype)

@@ -1,0 +1,175 @@
+"""ALiBi attention.
+
+For head h, query i and key j (Press, Smith & Lewis 2022, eq. 1 and footnote):
+
+    S_h[i, j] = q_i . k_j / sqrt(d)  -  m_h * |i' - j|       i' = i + (k_len - q_len)
+    A_h[i, :] = softmax(S_h[i, :])
+    out_h[i]  = sum_j A_h[i, j] v_j
+
+The bias is added *after* the 1/sqrt(d) scaling and is not scaled by it (Falcon's
+Hugging Face code scales it; that is a different model). There is no position
+embedding anywhere else: with m_h = 0 this is plain scaled dot-product attention.
+
+``naive_attention`` is the specification, the formula line for line with the bias
+materialised; every faster path is tested against it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
+from .bias import alibi_bias, check_lengths, check_slopes
+
+IMPLS = ("auto", "naive", "sdpa")
+
+
+class Dims(NamedTuple):
+    n_heads: int  # H: query heads
+    n_kv_heads: int  # H_kv: key/value heads (H for MHA, 1 for MQA, in between for GQA)
+    q_len: int
+    k_len: int
+    head_dim: int
+
+
+def naive_attention(q, k, v, bias, scale: float):
+    """softmax(q k^T * scale + bias) v, returning (output, weights). The specification.
+
+    q (..., H, i, d), k (..., H, j, d), v (..., H, j, d_v), bias (H, i, j).
+    """
+    scores = (q @ k.swapaxes(-1, -2)) * scale  # (..., H, i, j)
+    # ALiBi: the bias goes in after the scaling, unscaled
+    scores = scores + bias
+    weights = softmax(scores)  # rows sum to 1 over the keys j
+    return weights @ v, weights  # (..., H, i, d_v), (..., H, i, j)
+
+
+def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
+    """torch's fused scaled_dot_product_attention with the bias as a float mask.
+
+    The -inf of a causal mask is already folded into the bias: SDPA refuses a float
+    attn_mask together with is_causal=True.
+    """
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias.to(q.dtype), scale=scale, enable_gqa=groups > 1
+    )
+
+
+def _as_arrays(q, k, v):
+    kinds = [is_tensor(x) for x in (q, k, v)]
+    if any(kinds) and not all(kinds):
+        raise ValueError("q, k and v must be all torch tensors or all NumPy arrays, got a mix")
+    if all(kinds):
+        if len({x.device for x in (q, k, v)}) > 1 or len({x.dtype for x in (q, k, v)}) > 1:
+            raise ValueError(
+                "q, k and v must share device and dtype, got "
+                + ", ".join(f"{n}: {x.dtype} on {x.device}" for n, x in zip("qkv", (q, k, v)))
+            )
+        if not q.is_floating_point():
+            raise ValueError(f"q, k and v must be floating point tensors, got {q.dtype}")
+        return q, k, v
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    dtype = np.result_type(q, k, v)
+    if dtype.kind not in "fiu":
+        raise ValueError(f"q, k and v must hold real numbers, got dtype {dtype}")
+    dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
+    """The dimensions of a valid call, or a ValueError that says what was expected and what came."""
+    shapes = {n: tuple(x.shape) for n, x in zip("qkv", (q, k, v))}
+    if q.ndim < 3 or not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(
+            "q, k and v must have the same rank >= 3, shaped (..., H, q_len, d), "
+            f"(..., H_kv, k_len, d), (..., H_kv, k_len, d_v); got {shapes}"
+        )
+    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ValueError(f"q, k and v must have the same leading (batch) dimensions, got {shapes}")
+    n_heads, q_len, head_dim = q.shape[-3:]
+    n_kv_heads, k_len = k.shape[-3:-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"q and k must have the same head dimension d, got q {shapes['q']} and k {shapes['k']}")
+    if v.shape[-3:-1] != k.shape[-3:-1]:
+        raise ValueError(f"k and v must have the same heads and length, got k {shapes['k']} and v {shapes['v']}")
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"the {n_heads} query heads must be a multiple of the {n_kv_heads} key/value heads")
+    if slopes.shape[0] != n_heads:
+        raise ValueError(f"need one slope per query head: {n_heads} heads, got {slopes.shape[0]} slopes")
+    check_lengths(q_len, k_len, causal)
+    return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
+
+
+def _choose(impl: str, q, return_weights: bool) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if impl == "sdpa" and (return_weights or not is_tensor(q)):
+        raise ValueError("impl='sdpa' needs torch tensors and cannot return the weights; use impl='naive'")
+    if impl == "auto":
+        return "sdpa" if is_tensor(q) and not return_weights else "naive"
+    return impl
+
+
+def alibi_attention(
+    q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
+    return_weights: bool = False, impl: str = "auto",
+):
+    """ALiBi attention; returns the output (..., H, q_len, d_v), and the weights if asked.
+
+    q (..., H, q_len, d); k, v (..., H_kv, k_len, d) with H a multiple of H_kv
+    (query head h reads key/value head h // (H / H_kv)); slopes (H,). The queries
+    are the last q_len positions of the keys, so q_len = 1 against a KV cache is
+    one decoding step. NumPy in gives NumPy out; tensors give tensors on the same
+    device and dtype, differentiable. ``scale`` defaults to 1/sqrt(d).
+
+    impl: "naive" (``naive_attention``), "sdpa" (torch's fused kernel with a float
+    bias), or "auto" (sdpa for tensors unless the weights are asked for).
+    """
+    q, k, v = _as_arrays(q, k, v)
+    slopes = check_slopes(slopes)
+    dims = check_shapes(q, k, v, slopes, causal)
+    scale = 1.0 / math.sqrt(dims.head_dim) if scale is None else float(scale)
+    groups = dims.n_heads // dims.n_kv_heads
+    out_dtype, work = float_dtypes(q)
+    bias = alibi_bias(as_like(slopes, q, work), dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
+    if _choose(impl, q, return_weights) == "sdpa":
+        return _sdpa_attention(q, k, v, bias, scale, groups)
+    # 16-bit inputs are computed in float32 and rounded once at the end
+    k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
+    out, weights = naive_attention(cast(q, work), k, v, bias, scale)
+    out = cast(out, out_dtype)
+    return (out, cast(weights, out_dtype)) if return_weights else out
+
+
+def multi_head_alibi(Q, K, V, n_heads: int, slopes=None, *, causal: bool = False):
+    """The chapter's interface: Q, K, V of shape (N, d_model), columns split per head.
+
+    Head h uses columns h*d_k .. (h+1)*d_k - 1 (d_k = d_model / n_heads). Returns
+    (output (N, d_model), weights (H, N, N)). ``slopes`` defaults to the chapter's
+    1/2^h ("textbook"); pass ``get_slopes(n_heads)`` for the paper's.
+    """
+    from .slopes import get_slopes
+
+    if slopes is None:
+        slopes = get_slopes(n_heads, "textbook")
+    if not is_tensor(Q):
+        Q, K, V = (np.asarray(x) for x in (Q, K, V))
+    if Q.ndim != 2 or K.ndim != 2 or V.ndim != 2:
+        raise ValueError(
+            f"Q, K and V must be 2-D (N, d_model), got shapes {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
+        )
+    if Q.shape[1] % n_heads or V.shape[1] % n_heads:
+        raise ValueError(f"d_model must be divisible by n_heads={n_heads}, got Q {tuple(Q.shape)}, V {tuple(V.shape)}")
+
+    def split(x):  # (N, d_model) -> (H, N, d_k)
+        return x.reshape(x.shape[0], n_heads, -1).swapaxes(0, 1)
+
+    out, weights = alibi_attention(
+        split(Q), split(K), split(V), slopes, causal=causal, return_weights=True, impl="naive"
+    )  # (H, N, d_k), (H, N, N)
+    return out.swapaxes(0, 1).reshape(out.shape[1], -1), weights  # (N, d_model)

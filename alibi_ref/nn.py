@@ -1,0 +1,80 @@
+"""ALiBiMultiheadAttention: a drop-in attention layer for a transformer block."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import alibi_attention
+from .slopes import get_slopes
+
+
+class ALiBiMultiheadAttention(nn.Module):
+    """Multi-head attention with ALiBi and no position embedding anywhere.
+
+    x (B, T, d_model) -> (B, T, d_model). ``n_kv_heads`` < ``n_heads`` gives GQA
+    (1 gives MQA). The slopes live in a non-persistent float32 buffer: they follow
+    ``.to(device)``, stay float32 (exact) under ``.to(torch.bfloat16)``, are not in
+    the state dict and are never trained. The bias is built for the lengths of each
+    call, on the inputs' device and dtype; nothing is cached, so nothing goes stale.
+
+    With ``past_kv=(k, v)`` from an earlier call (``use_cache=True``) the new
+    queries are placed after the cached keys: one-token decoding steps give the
+    same result as running the whole sequence at once.
+    """
+
+    slopes: torch.Tensor
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, causal: bool = False,
+        schedule: str = "paper", max_bias: float = 8.0, slopes=None, bias: bool = True,
+        device=None, dtype=None,
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"d_model must be a multiple of n_heads >= 1, got d_model={d_model}, n_heads={n_heads}")
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
+        if slopes is None:
+            slopes = get_slopes(n_heads, schedule, max_bias=max_bias)
+        slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()
+        if slopes.numel() != n_heads:
+            raise ValueError(f"need one slope per head: {n_heads} heads, got {slopes.numel()} slopes")
+        self.d_model, self.n_heads, self.n_kv_heads, self.causal = d_model, n_heads, n_kv_heads, causal
+        self.head_dim = d_model // n_heads
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(d_model, d_model, **kw)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, **kw)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, **kw)
+        self.out_proj = nn.Linear(d_model, d_model, **kw)
+        self._slope_values = tuple(slopes.tolist())
+        self.register_buffer("slopes", slopes.to(device=device, dtype=torch.float32), persistent=False)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to(dtype) / .half() cast every float buffer; the slopes stay float32 and exact
+        super()._apply(fn, *args, **kwargs)
+        self.slopes = torch.tensor(self._slope_values, dtype=torch.float32, device=self.slopes.device)
+        return self
+
+    def _heads(self, x, proj, n):
+        B, T, _ = x.shape
+        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hs)
+
+    def forward(self, x: torch.Tensor, *, past_kv=None, use_cache: bool = False):
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, {self.d_model}), got {tuple(x.shape)}")
+        q = self._heads(x, self.q_proj, self.n_heads)  # (B, nh, T, hs)
+        k = self._heads(x, self.k_proj, self.n_kv_heads)  # (B, nkv, T, hs)
+        v = self._heads(x, self.v_proj, self.n_kv_heads)  # (B, nkv, T, hs)
+        if past_kv is not None:
+            k = torch.cat([past_kv[0], k], dim=2)  # (B, nkv, T_past + T, hs)
+            v = torch.cat([past_kv[1], v], dim=2)
+        y = alibi_attention(q, k, v, self.slopes, causal=self.causal)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(x.shape)  # (B, T, C)
+        out = self.out_proj(y)
+        return (out, (k, v)) if use_cache else out
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"causal={self.causal}")
