@@ -13,16 +13,25 @@ sequences sees nothing new on long ones.
 NumPy and PyTorch (any device) share one API; torch is imported only when used.
 """
 
+from . import examples
 from .attention import alibi_attention, multi_head_alibi, naive_attention
 from .bias import alibi_bias, key_only_bias
 from .examples import cat_sat_on_mat
 from .explain import explain
 from .slopes import SCHEDULES, get_slopes
-from . import examples
 
 __all__ = [
-    "ALiBiMultiheadAttention", "SCHEDULES", "alibi_attention", "alibi_bias", "cat_sat_on_mat",
-    "examples", "explain", "get_slopes", "key_only_bias", "multi_head_alibi", "naive_attention",
+    "SCHEDULES",
+    "ALiBiMultiheadAttention",
+    "alibi_attention",
+    "alibi_bias",
+    "cat_sat_on_mat",
+    "examples",
+    "explain",
+    "get_slopes",
+    "key_only_bias",
+    "multi_head_alibi",
+    "naive_attention",
 ]
 
 

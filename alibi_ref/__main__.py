@@ -40,7 +40,7 @@ def to_numpy(x) -> np.ndarray:
 def table(matrix, rows, cols) -> str:
     width = max(7, *(len(str(c)) + 1 for c in cols), *(len(str(r)) + 1 for r in rows))
     lines = [" " * width + "".join(f"{c:>{width}}" for c in cols)]
-    lines += [f"{r:<{width}}" + "".join(f"{x:>{width}.4f}" for x in row) for r, row in zip(rows, matrix)]
+    lines += [f"{r:<{width}}" + "".join(f"{x:>{width}.4f}" for x in row) for r, row in zip(rows, matrix, strict=True)]
     return "\n".join(lines)
 
 

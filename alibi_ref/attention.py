@@ -68,7 +68,7 @@ def _as_arrays(q, k, v):
         if len({x.device for x in (q, k, v)}) > 1 or len({x.dtype for x in (q, k, v)}) > 1:
             raise ValueError(
                 "q, k and v must share device and dtype, got "
-                + ", ".join(f"{n}: {x.dtype} on {x.device}" for n, x in zip("qkv", (q, k, v)))
+                + ", ".join(f"{n}: {x.dtype} on {x.device}" for n, x in zip("qkv", (q, k, v), strict=True))
             )
         if not q.is_floating_point():
             raise ValueError(f"q, k and v must be floating point tensors, got {q.dtype}")
@@ -83,7 +83,7 @@ def _as_arrays(q, k, v):
 
 def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     """The dimensions of a valid call, or a ValueError that says what was expected and what came."""
-    shapes = {n: tuple(x.shape) for n, x in zip("qkv", (q, k, v))}
+    shapes = {n: tuple(x.shape) for n, x in zip("qkv", (q, k, v), strict=True)}
     if q.ndim < 3 or not (q.ndim == k.ndim == v.ndim):
         raise ValueError(
             "q, k and v must have the same rank >= 3, shaped (..., H, q_len, d), "

@@ -13,9 +13,9 @@ class ALiBiMultiheadAttention(nn.Module):
     """Multi-head attention with ALiBi and no position embedding anywhere.
 
     x (B, T, d_model) -> (B, T, d_model). ``n_kv_heads`` < ``n_heads`` gives GQA
-    (1 gives MQA). The slopes live in a non-persistent float32 buffer: they follow
-    ``.to(device)``, stay float32 (exact) under ``.to(torch.bfloat16)``, are not in
-    the state dict and are never trained. The bias is built for the lengths of each
+    (1 gives MQA). The slopes live in a non-persistent buffer: they follow
+    ``.to(device)``, stay float32 and exact under ``.to(torch.bfloat16)`` (float64 in
+    a float64 layer), are not in the state dict and are never trained. The bias is built for the lengths of each
     call, on the inputs' device and dtype; nothing is cached, so nothing goes stale.
 
     With ``past_kv=(k, v)`` from an earlier call (``use_cache=True``) the new
@@ -52,9 +52,11 @@ class ALiBiMultiheadAttention(nn.Module):
         self.register_buffer("slopes", slopes.to(device=device, dtype=torch.float32), persistent=False)
 
     def _apply(self, fn, *args, **kwargs):
-        # .to(dtype) / .half() cast every float buffer; the slopes stay float32 and exact
+        # .to(dtype) / .half() cast every float buffer; the slopes are rebuilt from their
+        # exact values instead: float32 (FlashAttention's convention), float64 in a float64 layer
         super()._apply(fn, *args, **kwargs)
-        self.slopes = torch.tensor(self._slope_values, dtype=torch.float32, device=self.slopes.device)
+        dtype = torch.promote_types(self.q_proj.weight.dtype, torch.float32)
+        self.slopes = torch.tensor(self._slope_values, dtype=dtype, device=self.slopes.device)
         return self
 
     def _heads(self, x, proj, n):
