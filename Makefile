@@ -5,7 +5,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+# nbgrader runs helper programs (alembic) from the environment's bin folder
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test lint release lab clean
 
 demo: $(STAMP)
 	$(PY) -m alibi_ref example
@@ -14,7 +17,15 @@ test: $(STAMP) lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check alibi_ref tests
+	$(PY) -m ruff check alibi_ref tests solutions
+
+# regenerate the student release course/ from the instructor's solutions/
+release: $(STAMP)
+	$(PY) -m nbgrader generate_assignment alibi --force
+
+# open the course in JupyterLab
+lab: $(STAMP)
+	$(PY) -m jupyterlab --notebook-dir=course
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed, found " + sys.version'
@@ -24,4 +35,4 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis gradebook.db

@@ -1,0 +1,127 @@
+import matplotlib
+import numpy as np
+import pytest
+import torch
+
+import alibi_ref
+from alibi_ref import get_slopes, plots
+from alibi_ref.grading import as_float64, assert_close, forbid_reference
+
+matplotlib.use("Agg")
+
+
+# ----------------------------------------------------------------------------- grading helpers
+
+class AlwaysEqual(np.ndarray):
+    """An array that claims to equal anything: the trick a bare == or allclose can fall for."""
+
+    def __eq__(self, other):
+        return np.ones(self.shape, dtype=bool)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return np.zeros(self.shape, dtype=bool) if ufunc is np.greater else np.ones(self.shape, dtype=bool)
+
+
+def test_assert_close_is_not_fooled_by_an_array_subclass():
+    liar = np.array([0.0, 9.0]).view(AlwaysEqual)
+    with pytest.raises(AssertionError, match="largest difference 8"):
+        assert_close(liar, [0.0, 1.0], atol=1e-6)
+
+
+def test_assert_close_messages_say_what_differs():
+    with pytest.raises(AssertionError, match=r"row for sat: largest difference 0.1 at index \(1,\)"):
+        assert_close([0.1, 0.2], [0.1, 0.3], atol=1e-4, name="row for sat")
+    with pytest.raises(AssertionError, match=r"has shape \(3,\), expected \(3, 1\)"):
+        assert_close(np.zeros(3), np.zeros((3, 1)), atol=1)
+    with pytest.raises(AssertionError, match=r"at index \(1,\) expected 0.3, got -inf"):
+        assert_close([0.1, -np.inf], [0.1, 0.3], atol=1)
+    with pytest.raises(AssertionError, match="forget to return"):
+        assert_close(None, [1.0], atol=1)
+
+
+def test_assert_close_accepts_matching_infinities_and_tensors():
+    assert_close(torch.tensor([[0.0, -float("inf")]]), [[0.0, -np.inf]], atol=1e-12)
+    assert_close([1.0, 2.0], [1.0, 2.0 + 1e-9], atol=1e-8)
+
+
+def test_as_float64_returns_a_plain_copy():
+    source = np.array([1.0, 2.0]).view(AlwaysEqual)
+    out = as_float64(source)
+    assert type(out) is np.ndarray and out.dtype == np.float64
+    out[0] = 5
+    assert source[0] == 1.0
+
+
+def test_forbid_reference_catches_calls_however_imported():
+    from alibi_ref.bias import alibi_bias as renamed
+
+    for answer in (lambda: alibi_ref.get_slopes(4), lambda: renamed([0.5], 3),
+                   lambda: alibi_ref.multi_head_alibi(np.eye(2), np.eye(2), np.eye(2), 1)):
+        with pytest.raises(AssertionError, match="calls alibi_ref"), forbid_reference():
+            answer()
+
+
+def test_forbid_reference_allows_own_code_and_examples():
+    with forbid_reference():
+        alibi_ref.cat_sat_on_mat()
+        np.exp(np.arange(3)).sum()
+
+
+# ----------------------------------------------------------------------------- plots
+
+def test_bias_heatmap_shows_the_matrix_and_blanks_the_mask():
+    bias = alibi_ref.alibi_bias([0.5], 4, causal=True)[0]
+    fig = plots.bias_heatmap(bias, title="t")
+    shown = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(shown.mask, ~np.isfinite(bias))
+    np.testing.assert_array_equal(shown.data[np.isfinite(bias)], bias[np.isfinite(bias)])
+    assert fig.axes[0].get_title() == "t"
+
+
+def test_bias_heatmap_refuses_a_stack():
+    with pytest.raises(ValueError, match=r"one \(q_len, k_len\) matrix, got shape \(2, 3, 3\)"):
+        plots.bias_heatmap(np.zeros((2, 3, 3)))
+
+
+def test_plots_draw_on_a_given_axis():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    assert plots.draw_bias_explorer(12, 9, 8.0, 6, False, ax=ax) is fig
+    np.testing.assert_allclose(ax.images[0].get_array()[0, 1], -(2**-0.5))
+    assert "head 9 of 12" in ax.get_title()
+
+
+def test_bias_explorer_widget_redraws_with_its_controls():
+    widget = plots.bias_explorer()
+    controls = {c.description: c for c in widget.children if hasattr(c, "description")}
+    assert {"heads", "head", "max_bias", "length", "causal"} <= set(controls)
+    controls["heads"].value = 4
+    assert controls["head"].max == 4, "the head slider must follow the number of heads"
+    controls["head"].value = 3
+    controls["causal"].value = True
+    title = widget.result.axes[0].get_title()
+    assert "head 3 of 4" in title and "causal" in title
+    image = widget.result.axes[0].images[0].get_array()
+    assert image.mask[0, 1] and not image.mask[1, 0]
+
+
+def test_explorer_refuses_a_head_past_the_last():
+    with pytest.raises(ValueError, match=r"head must be in 1\.\.4, got 5"):
+        plots.draw_bias_explorer(4, 5)
+
+
+def test_weights_vs_distance_lines_are_softmax_of_the_penalty():
+    slopes = get_slopes(4)
+    fig = plots.weights_vs_distance(slopes, max_distance=10)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 4
+    for m, line in zip(slopes, lines, strict=True):
+        expected = np.exp(-m * np.arange(11))
+        np.testing.assert_allclose(line.get_ydata(), expected / expected.sum())
+
+
+def test_row_change_bars_draw_one_group_per_setting():
+    fig = plots.row_change_bars({"symmetric": [0.1, 0.2], "causal": [0.0, 0.0]}, ["a", "b"])
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == [0.1, 0.2, 0.0, 0.0]

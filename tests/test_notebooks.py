@@ -1,0 +1,102 @@
+"""The course notebooks: one source (solutions/), one generated release (course/), graded by nbgrader."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbgrader.api import Gradebook
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSIGNMENT = "alibi"
+SOLUTIONS = ROOT / "solutions" / ASSIGNMENT
+RELEASE = ROOT / "course" / ASSIGNMENT
+NOTEBOOKS = sorted(p.stem for p in SOLUTIONS.glob("*.ipynb"))
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def nbgrader(*args, cwd):
+    run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=ENV,
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A scratch course: release regenerated from solutions/, the solutions submitted and autograded."""
+    root = tmp_path_factory.mktemp("course")
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(SOLUTIONS, root / "solutions" / ASSIGNMENT)
+    nbgrader("generate_assignment", ASSIGNMENT, "--force", cwd=root)
+    shutil.copytree(SOLUTIONS, root / "submitted" / "instructor" / ASSIGNMENT)
+    nbgrader("autograde", ASSIGNMENT, "--force", cwd=root)
+    return root
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 1
+    assert sorted(p.stem for p in RELEASE.glob("*.ipynb")) == NOTEBOOKS
+
+
+def test_committed_release_is_what_solutions_generate(course):
+    generated = course / "course" / ASSIGNMENT
+    assert sorted(p.name for p in generated.iterdir()) == sorted(p.name for p in RELEASE.iterdir())
+    for path in generated.iterdir():
+        assert path.read_bytes() == (RELEASE / path.name).read_bytes(), (
+            f"course/{ASSIGNMENT}/{path.name} is stale: run `make release` and commit the result"
+        )
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_solution_earns_full_autograded_marks(course, name):
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        nb = gb.find_submission_notebook(name, ASSIGNMENT, "instructor")
+        failed = [g.name for g in nb.grades if g.auto_score is not None and g.auto_score < g.max_score]
+        assert nb.max_code_score > 0, f"{name} has no autograded points"
+        assert nb.code_score == nb.max_code_score, f"{name}: solution lost points in {failed}"
+
+
+def test_release_hides_solutions_and_hidden_tests():
+    for path in RELEASE.glob("*.ipynb"):
+        text = path.read_text()
+        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "import alibi_ref as _ref", "_forbid("):
+            assert marker not in text, f"{path.name} contains {marker!r}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_unfilled_release_earns_nothing(name):
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", "--invert", str(RELEASE / f"{name}.ipynb")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, check=False)
+    assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_unfilled_release_runs_cleanly_up_to_the_first_answer(name):
+    nb = nbformat.read(RELEASE / f"{name}.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(RELEASE)}}).execute()
+    first_answer = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("solution"))
+    for i, cell in enumerate(nb.cells[:first_answer + 2]):
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if errors:
+            assert i > first_answer and errors[0].ename == "NotImplementedError", (
+                f"{name}: cell {i} raised {errors[0].ename}: {errors[0].evalue} before any answer was asked for"
+            )
+
+
+@pytest.mark.parametrize("folder", [SOLUTIONS, RELEASE], ids=["solutions", "course"])
+def test_no_outputs_are_committed(folder):
+    run = subprocess.run([sys.executable, "-m", "nbstripout", "--verify", "--keep-id", *sorted(folder.glob("*.ipynb"))],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_notebook_names_the_python3_kernel():
+    for path in [*SOLUTIONS.glob("*.ipynb"), *RELEASE.glob("*.ipynb")]:
+        assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == "python3", path
