@@ -1,8 +1,11 @@
 """Drawing functions shared by the notebooks, the scripts and the tests.
 
 Each takes an optional matplotlib ``ax`` and returns the figure, so a notebook, a
-widget callback and a test all draw with the same code. Widget callbacks are one
-line that calls one of these: an exception inside a callback is only displayed.
+widget callback and a test all draw with the same code. Without an ``ax`` they draw
+on a new standalone ``Figure`` (not one of pyplot's): a notebook shows it when it is
+the cell's value, and a widget that redraws on every slider move leaves no pyplot
+figures behind. Widget callbacks are these functions themselves, so the code that
+runs in a callback (where an exception would only be displayed) is the tested code.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from .slopes import get_slopes
 
 def _axes(ax, figsize=(5, 4)):
     if ax is None:
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
 
-        _, ax = plt.subplots(figsize=figsize)
+        ax = Figure(figsize=figsize, layout="constrained").add_subplot()
     return ax
 
 
@@ -54,23 +57,17 @@ def draw_bias_explorer(n_heads: int = 8, head: int = 1, max_bias: float = 8.0, l
 def bias_explorer():
     """ipywidgets controls (heads, head, max_bias, length, causal) over ``draw_bias_explorer``."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
 
     n_heads = widgets.IntSlider(value=8, min=1, max=32, description="heads")
     head = widgets.IntSlider(value=1, min=1, max=8, description="head")
     # the head slider can never point past the last head
     widgets.dlink((n_heads, "value"), (head, "max"))
-
-    def draw(n_heads, head, max_bias, length, causal):
-        fig = draw_bias_explorer(n_heads, head, max_bias, length, causal, ax=plt.subplots(figsize=(5, 4))[1])
-        plt.show()
-        return fig
-
     return widgets.interactive(
-        draw, n_heads=n_heads, head=head,
+        draw_bias_explorer, n_heads=n_heads, head=head,
         max_bias=widgets.FloatSlider(value=8.0, min=0.5, max=16.0, step=0.5, description="max_bias"),
         length=widgets.IntSlider(value=16, min=2, max=64, description="length"),
         causal=widgets.Checkbox(value=False, description="causal"),
+        ax=widgets.fixed(None),
     )
 
 
