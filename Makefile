@@ -17,7 +17,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check alibi_ref tests benchmarks solutions
+	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions
 
 # regenerate the student release course/ from the instructor's solutions/
 release: $(STAMP)

@@ -1,0 +1,135 @@
+"""What a grading run leaves behind: grades.csv, feedback HTML, plots, nbgrader's own export, a summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .grade import ASSIGNMENT
+
+COLUMNS = ["student", "notebook", "score", "max_score", "status", "reason"]
+
+
+@dataclass
+class Report:
+    output: Path
+    db_url: str
+    notebooks: list[str]
+    rows: list[dict] = field(default_factory=list)
+    pass_rates: dict[str, float] = field(default_factory=dict)  # "notebook/test cell" -> fraction passed
+
+    @classmethod
+    def build(cls, s, class_, notebooks, failures: dict[str, str]) -> Report:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        report = cls(s.output, s.db_url, list(notebooks))
+        passed: dict[str, list[bool]] = {}
+        with Gradebook(s.db_url, ASSIGNMENT) as gb:
+            for submission in class_:
+                for name in notebooks:
+                    state = _state(s.output, submission.student, name)
+                    status, reason = state.get("status", "error"), state.get("reason", "")
+                    if status == "graded" and state.get("failed"):
+                        reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
+                    score, max_score = 0.0, gb.find_notebook(name, ASSIGNMENT).max_code_score
+                    if submission.student in failures and status not in ("missing", "unreadable", "invalid"):
+                        status, reason = "error", "nbgrader could not grade this submission: " + (
+                            failures[submission.student].strip().splitlines() or ["?"])[-1]
+                    else:
+                        try:
+                            graded = gb.find_submission_notebook(name, ASSIGNMENT, submission.student)
+                            score = graded.code_score
+                            for grade in graded.grades:
+                                if grade.cell_type == "code" and name in submission.notebooks:
+                                    passed.setdefault(f"{name}/{grade.name}", []).append(
+                                        (grade.auto_score or 0) >= grade.max_score)
+                        except MissingEntry:
+                            pass
+                    note = submission.notes.get(name)
+                    reason = f"{reason}; {note}" if reason and note else reason or note or ""
+                    report.rows.append({"student": submission.student, "notebook": name, "score": score,
+                                        "max_score": max_score, "status": status, "reason": reason})
+        report.pass_rates = {k: sum(v) / len(v) for k, v in sorted(passed.items())}
+        return report
+
+    def write(self) -> None:
+        with open(self.output / "grades.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        self._export_nbgrader()
+        self._copy_feedback()
+        self._plots()
+
+    def _export_nbgrader(self) -> None:
+        from nbgrader.api import Gradebook
+        from nbgrader.plugins import CsvExportPlugin
+
+        with Gradebook(self.db_url, ASSIGNMENT) as gb:
+            CsvExportPlugin(to=str(self.output / "nbgrader_grades.csv")).export(gb)
+
+    def _copy_feedback(self) -> None:
+        source = self.output / "course" / "feedback"
+        for html in source.glob(f"*/{ASSIGNMENT}/*.html"):
+            target = self.output / "feedback" / html.parts[-3] / html.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(html, target)
+
+    def _plots(self) -> None:
+        from matplotlib.figure import Figure
+
+        totals = self.totals()
+        fig = Figure(figsize=(11, 4), layout="constrained")
+        ax_hist, ax_rates = fig.subplots(1, 2, width_ratios=[1, 2])
+        max_total = sum(self.max_scores().values())
+        ax_hist.hist([t for t in totals.values()], bins=min(20, max(5, len(totals))), range=(0, max_total),
+                     color="tab:blue", edgecolor="white")
+        ax_hist.set_xlabel(f"autograded points (of {max_total:g})")
+        ax_hist.set_ylabel("students")
+        ax_hist.set_title("score distribution")
+        names = list(self.pass_rates)
+        ax_rates.barh(range(len(names)), [100 * self.pass_rates[n] for n in names], color="tab:green")
+        ax_rates.set_yticks(range(len(names)), names, fontsize=7)
+        ax_rates.invert_yaxis()
+        ax_rates.set_xlim(0, 100)
+        ax_rates.set_xlabel("% of submitted notebooks passing the test cell")
+        ax_rates.set_title("pass rate per exercise")
+        fig.savefig(self.output / "grades.png", dpi=120)
+
+    def totals(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for row in self.rows:
+            totals[row["student"]] = totals.get(row["student"], 0.0) + row["score"]
+        return totals
+
+    def max_scores(self) -> dict[str, float]:
+        return {row["notebook"]: row["max_score"] for row in self.rows}
+
+    def table(self) -> str:
+        """Students down, notebooks across: score, and a mark where the status is not 'graded'."""
+        marks = {"graded": "", "missing": " -", "unreadable": " U", "crashed": " C", "timeout": " T",
+                 "flagged": " F", "error": " E", "invalid": " I"}
+        by_student: dict[str, dict[str, dict]] = {}
+        for row in self.rows:
+            by_student.setdefault(row["student"], {})[row["notebook"]] = row
+        short = [n.split("_")[0] for n in self.notebooks]
+        width = max([7, *(len(s) for s in by_student)])
+        lines = [f"{'student':<{width}} " + " ".join(f"{n:>7}" for n in short) + f" {'total':>7}"]
+        maxes = self.max_scores()
+        lines.append(f"{'(max)':<{width}} " + " ".join(f"{maxes[n]:>7g}" for n in self.notebooks)
+                     + f" {sum(maxes.values()):>7g}")
+        for student, rows in by_student.items():
+            cells = [f"{rows[n]['score']:g}{marks.get(rows[n]['status'], ' ?')}" for n in self.notebooks]
+            total = sum(rows[n]["score"] for n in self.notebooks)
+            lines.append(f"{student:<{width}} " + " ".join(f"{c:>7}" for c in cells) + f" {total:>7g}")
+        lines.append("marks: - missing, U unreadable, C crashed, T timed out, F flagged (tampering), "
+                     "E grading error, I invalid id; details in grades.csv")
+        return "\n".join(lines)
+
+
+def _state(output: Path, student: str, notebook: str) -> dict:
+    path = output / "state" / student / f"{notebook}.json"
+    return json.loads(path.read_text()) if path.exists() else {}

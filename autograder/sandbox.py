@@ -1,0 +1,147 @@
+"""Where a student's kernel runs: inside bubblewrap, with no network and a private scratch folder.
+
+Inside the sandbox the whole file system is read-only, and the folders that hold anything a
+student must not see (the course root with solutions/ and the gradebook, the grading output,
+every other submission) are replaced by empty tmpfs mounts. Only the Python installation, the
+virtual environment and the reference package are bound back in, read-only, plus one scratch
+folder per notebook, writable, where the kernel runs. Its PID namespace dies with the kernel,
+so no process it starts outlives the notebook. Memory is capped with RLIMIT_AS (prlimit).
+
+Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
+the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Instance
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What the kernel may see, and its limits."""
+
+    hidden: tuple[str, ...] = ()  # folders replaced by empty tmpfs (solutions, output, submissions...)
+    visible: tuple[str, ...] = ()  # folders bound back read-only inside hidden ones
+    memory_bytes: int = 3 * 2**30
+    use_bwrap: bool = True
+    extra_env: dict = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """None if bubblewrap can sandbox here, else why not."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap`"
+    probe = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return f"bwrap cannot create namespaces here: {probe.stderr.strip() or probe.returncode}"
+    return None
+
+
+def warn_if_unsandboxed(policy: SandboxPolicy) -> None:
+    if not policy.use_bwrap:
+        warnings.warn("sandbox disabled (--sandbox none): student code runs with the grader's rights",
+                      stacklevel=2)
+    elif problem := bwrap_problem():
+        warnings.warn(f"NO SANDBOX: {problem}. Student kernels will run with the grader's rights, limited only "
+                      "by a private working folder, a memory limit and a time limit. Grade only code you trust.",
+                      stacklevel=2)
+
+
+def _python_roots() -> list[str]:
+    """Folders the kernel's Python needs: the venv, the base installation, the reference package."""
+    roots = {sys.prefix, sys.base_prefix, str(REPO / "alibi_ref")}
+    return sorted(roots)
+
+
+def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
+    """The command that goes in front of the kernel's own command."""
+    limit = ["prlimit", f"--as={policy.memory_bytes}", "--"] if shutil.which("prlimit") else []
+    if not policy.use_bwrap or bwrap_problem():
+        return limit
+    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           "--tmpfs", "/dev/shm"]
+    home = os.path.expanduser("~")
+    for folder in sorted({*policy.hidden, home, str(REPO)}, key=len):
+        if os.path.isdir(folder):
+            cmd += ["--tmpfs", folder]
+    for folder in sorted({*policy.visible, *_python_roots()}, key=len):
+        if os.path.exists(folder):
+            cmd += ["--ro-bind", folder, folder]
+    cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch),
+            "--unshare-all", "--die-with-parent", "--new-session", "--"]
+    return cmd + limit
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A python3 kernel started inside the sandbox, talking over unix sockets in its scratch folder.
+
+    TCP would not reach a kernel in its own network namespace; unix sockets in a bound folder do.
+    Interrupts go as messages: a signal would reach bwrap, not the kernel.
+    """
+
+    policy = Instance(SandboxPolicy)
+    scratch = Instance(Path)
+
+    def __init__(self, *, policy: SandboxPolicy, scratch: Path, **kwargs):
+        super().__init__(policy=policy, scratch=scratch, kernel_name="python3", transport="ipc",
+                         ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
+                         autorestart=False, **kwargs)
+
+    @property
+    def kernel_spec(self) -> KernelSpec:
+        if self._kernel_spec is None:
+            # parent_handle=0: the kernel's parent is the sandbox's init, not the grader, and ipykernel
+            # would take that for an orphaned kernel and exit; --die-with-parent ends it with the grader
+            argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                    "--IPKernelApp.parent_handle=0"]
+            self._kernel_spec = KernelSpec(argv=argv, display_name="Python 3 (sandboxed)", language="python",
+                                           interrupt_mode="message")
+        return self._kernel_spec
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        return sandbox_prefix(self.policy, self.scratch) + super().format_kernel_cmd(extra_arguments)
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        kw["cwd"] = str(self.scratch)
+        kw["env"] = kernel_env(self.scratch, self.policy)
+        # the kernel's own chatter goes to a log, read back if it dies
+        kw["stdout"] = subprocess.DEVNULL
+        kw["stderr"] = open(self.scratch / "kernel.log", "ab")  # the process keeps it open
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+
+def kernel_env(scratch: Path, policy: SandboxPolicy) -> dict:
+    """A small environment: nothing of the grader's own variables leaks into the kernel."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+        "HOME": str(scratch),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "MPLBACKEND": "agg",
+        "MPLCONFIGDIR": str(scratch / ".matplotlib"),
+        "IPYTHONDIR": str(scratch / ".ipython"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",  # workers already run in parallel
+        "NBGRADER_EXECUTION": "autograde",
+    }
+    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the machine's BLAS workarounds
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(policy.extra_env)
+    return env
