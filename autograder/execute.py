@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.client import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer, List, Unicode

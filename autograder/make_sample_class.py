@@ -9,7 +9,6 @@ and deleted test cells, attempts to cheat. What each should score is in expected
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import zipfile
@@ -64,7 +63,8 @@ def students() -> dict[str, dict[str, object]]:
                 "02_worked_example": filled("02_worked_example", unanswered=("multi_head", "sat_rows", "sat_answer"))}
     # the paper's slopes stretched into one geometric sequence: wrong for 12 heads
     s["cy"] = {"01_slopes_and_bias": filled("01_slopes_and_bias", {"paper_slopes": [
-        ("    if p == n_heads:\n        return geometric(n_heads)\n", "    return geometric(n_heads)\n")]})}
+        ("    if p == n_heads:\n        return geometric(n_heads)\n",
+         "    return geometric(n_heads)\n")]})}
     # the 1/sqrt(d) forgotten
     s["dee"] = {"02_worked_example": filled("02_worked_example", {"alibi_head": [
         ("scaled = scores / np.sqrt(d_k)", "scaled = scores")]})}
@@ -73,7 +73,8 @@ def students() -> dict[str, dict[str, object]]:
         ("bias = -slopes[:, None, None]", "bias = slopes[:, None, None]")]})}
     # symmetric where causal was asked
     s["fay"] = {"04_causal": filled("04_causal", {"causal_alibi_scores": [
-        ("- slope * (i - j)\n    return np.where(j > i, -np.inf, scores)", "- slope * np.abs(i - j)\n    return scores")]})}
+        ("- slope * (i - j)\n    return np.where(j > i, -np.inf, scores)",
+         "- slope * np.abs(i - j)\n    return scores")]})}
     # the decode offset forgotten: the new query treated as position 0
     s["gus"] = {"01_slopes_and_bias": filled("01_slopes_and_bias", {"alibi_bias": [
                     ("i = np.arange(q_len)[:, None] + (k_len - q_len)", "i = np.arange(q_len)[:, None]")]}),
@@ -90,7 +91,8 @@ def students() -> dict[str, dict[str, object]]:
         ("    d_k, d_v =", "    while True:\n        try:\n            pass\n        except KeyboardInterrupt:\n"
                          "            pass\n    d_k, d_v =")]})}
     # a wrong answer behind an edited test cell, and a deleted test cell
-    jon = filled("01_slopes_and_bias", {"paper_slopes": [("    p = 2 ** int", "    return np.zeros(n_heads)\n    p = 2 ** int")]})
+    jon = filled("01_slopes_and_bias", {"paper_slopes": [
+        ("    p = 2 ** int", "    return np.zeros(n_heads)\n    p = 2 ** int")]})
     cell(jon, "test_paper_slopes").source = "print('paper_slopes: all visible checks pass')"
     jon.cells.remove(cell(jon, "test_textbook_slopes"))
     s["jon"] = {"01_slopes_and_bias": jon}
