@@ -98,7 +98,8 @@ def students() -> dict[str, dict[str, object]]:
     s["jon"] = {"01_slopes_and_bias": jon}
     # hands back the reference's answer, reached without an import
     s["kim"] = {"01_slopes_and_bias": filled("01_slopes_and_bias", {"paper_slopes": [
-        ("    def geometric(n):", "    return plots.get_slopes(n_heads, max_bias=max_bias)\n\n    def geometric(n):")]})}
+        ("    def geometric(n):",
+         "    return plots.get_slopes(n_heads, max_bias=max_bias)\n\n    def geometric(n):")]})}
     # one notebook cut off mid-file, another fine, handed in as a zip
     s["lou.zip"] = {"01_slopes_and_bias": nbformat.writes(filled("01_slopes_and_bias"))[:3000],
                     "02_worked_example": filled("02_worked_example")}
@@ -125,7 +126,7 @@ def students() -> dict[str, dict[str, object]]:
             ("    e = np.exp(", "    return np.zeros_like(x)\n    e = np.exp(")]})}
     # a correct notebook with a cell of its own that claims 100 points
     pat = filled("02_worked_example")
-    bonus = nbformat.v4.new_code_cell("print('bonus')")
+    bonus = nbformat.v4.new_code_cell("print('bonus')", id="bonus-cell")
     bonus.metadata["nbgrader"] = {"grade": True, "grade_id": "bonus", "locked": True, "points": 100,
                                   "schema_version": 3, "solution": False, "task": False}
     pat.cells.append(bonus)

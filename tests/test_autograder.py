@@ -1,0 +1,289 @@
+"""The autograder, end to end on the sample class, and its parts: sandbox, screen, collection, resume."""
+
+import asyncio
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.collect import collect
+from autograder.grade import grade
+from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem
+from autograder.screen import screen_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "autograder" / "sample_class"
+SOLUTIONS = ROOT / "solutions" / "alibi"
+RELEASE = ROOT / "course" / "alibi"
+NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
+FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grading")
+    started = time.monotonic()
+    report = grade(SAMPLE / "submissions", out, **FAST)
+    return out, report, time.monotonic() - started
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@needs_bwrap
+def test_sample_class_scores_and_statuses(sample_run):
+    out, report, _ = sample_run
+    expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
+    got = {(r["student"], r["notebook"]): r for r in _rows(out / "grades.csv")}
+    students = {s for s, _ in expected}
+    assert set(got) == {(s, n) for s in students for n in NOTEBOOKS}, "one row per student and notebook"
+    for key, row in got.items():
+        want = expected.get(key, {"score": "0.0", "status": "missing"})
+        assert (float(row["score"]), row["status"]) == (float(want["score"]), want["status"]), (
+            f"{key}: got {row['score']} {row['status']} ({row['reason']}), expected {want['score']} {want['status']}"
+            f" ({want.get('why', '')})"
+        )
+        assert float(row["max_score"]) > 0
+    assert report.totals()["ada"] == 47
+
+
+@needs_bwrap
+def test_reasons_say_what_happened(sample_run):
+    out, _, _ = sample_run
+    reasons = {(r["student"], r["notebook"]): r["reason"] for r in _rows(out / "grades.csv")}
+    assert "test_paper_slopes (AssertionError)" in reasons["cy", "01_slopes_and_bias"]
+    assert "MemoryError" in reasons["max", "03_slope_zero"]
+    assert "kernel died" in reasons["hal", "02_worked_example"]
+    assert "changes an attribute of the module np" in reasons["oli", "02_worked_example"]
+    assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
+    assert "bonus" in reasons["pat", "02_worked_example"]
+    assert reasons["ada", "03_slope_zero"] == ""
+    assert reasons["ben", "03_slope_zero"] == "no such notebook was submitted"
+
+
+@needs_bwrap
+def test_outputs_for_the_instructor(sample_run):
+    out, _, _ = sample_run
+    assert (out / "grades.png").stat().st_size > 10_000
+    assert _rows(out / "nbgrader_grades.csv"), "nbgrader's own export is written"
+    assert (out / "gradebook.db").exists()
+    for student in ("ada", "cy", "hal", "oli"):
+        assert list((out / "feedback" / student).glob("*.html")), f"no feedback for {student}"
+
+
+@needs_bwrap
+def test_feedback_never_shows_hidden_tests(sample_run):
+    out, _, _ = sample_run
+    pages = list((out / "feedback").rglob("*.html"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        for secret in ("BEGIN HIDDEN TESTS", "_forbid(", "import alibi_ref as _ref", "_ref.get_slopes", "_cases = "):
+            assert secret not in text, f"{page.relative_to(out)} shows {secret!r}"
+    # a failing hidden test still says what failed, by its message only
+    kim = (out / "feedback" / "kim" / "01_slopes_and_bias.html").read_text()
+    assert "calls alibi_ref.slopes.get_slopes" in kim
+
+
+@needs_bwrap
+def test_the_sandbox_hid_the_solutions_and_the_gradebook(sample_run):
+    out, _, _ = sample_run
+    nb = nbformat.read(out / "course" / "autograded" / "oli" / "alibi" / "01_slopes_and_bias.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "cannot read" in printed and "bytes of" not in printed
+
+
+@needs_bwrap
+def test_rerun_is_idempotent_and_skips_graded_students(sample_run, capsys):
+    out, _, first_seconds = sample_run
+    before = (out / "grades.csv").read_bytes()
+    started = time.monotonic()
+    grade(SAMPLE / "submissions", out, **FAST)
+    assert (out / "grades.csv").read_bytes() == before
+    assert time.monotonic() - started < first_seconds / 3, "a re-run should not grade anyone again"
+
+
+# ----------------------------------------------------------------------------- resume after an interruption
+
+@needs_bwrap
+def test_an_interrupted_run_resumes_without_regrading(tmp_path):
+    subs = tmp_path / "subs"
+    for student in ("s1", "s2", "s3", "s4"):
+        (subs / student).mkdir(parents=True)
+        shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs / student)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--output", str(out), "--workers", "1",
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("state/*/done.sha256")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, 9)  # the instructor's laptop dies
+    proc.wait()
+    done = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("state/*/done.sha256")}
+    assert 1 <= len(done) < 4, f"expected an interrupted run, found {len(done)} students done"
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    for student, mtime in done.items():
+        assert (out / "state" / student / "done.sha256").stat().st_mtime_ns == mtime, f"{student} was graded again"
+    rows = _rows(out / "grades.csv")
+    graded = {r["student"]: r for r in rows if r["notebook"] == "03_slope_zero"}
+    assert {s: (float(r["score"]), r["status"]) for s, r in graded.items()} == {
+        s: (3.0, "graded") for s in ("s1", "s2", "s3", "s4")}
+
+
+# ----------------------------------------------------------------------------- the sandbox itself
+
+async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path) -> str:
+    km = SandboxedKernelManager(policy=policy, scratch=scratch)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute(code)
+        printed = []
+        while True:
+            msg = await kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                printed.append(f"ERROR {msg['content']['ename']}: {msg['content']['evalue']}")
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(printed)
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+
+@needs_bwrap
+def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path):
+    secret_dir = tmp_path / "course"
+    secret_dir.mkdir()
+    (secret_dir / "hidden_tests.txt").write_text("the answer is 42")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    code = f"""
+import os, socket, subprocess
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "ALLOWED")
+    except Exception as err:
+        print(name, "refused", type(err).__name__)
+attempt("read", lambda: open({str(secret_dir / 'hidden_tests.txt')!r}).read())
+attempt("write", lambda: open("/var/tmp/alibi-planted-{os.getpid()}.txt", "w").write("x"))
+open({str(outside / 'planted.txt')!r}, "w").write("x")  # a hidden folder is an empty, throwaway tmpfs
+attempt("repo", lambda: open({str(ROOT / 'solutions' / 'alibi' / '01_slopes_and_bias.ipynb')!r}).read())
+attempt("network", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2))
+attempt("memory", lambda: bytearray(4 * 2**30))
+open("scratch_ok.txt", "w").write("fine")
+print("scratch written")
+subprocess.Popen(["sleep", "1234"], start_new_session=True)
+print("spawned")
+"""
+    policy = SandboxPolicy(hidden=(str(secret_dir), str(outside)), memory_bytes=2 * 2**30)
+    printed = asyncio.run(_run_in_sandbox(code, policy, scratch))
+    listener.close()
+    for what in ("read", "write", "repo", "network", "memory"):
+        assert f"{what} refused" in printed, f"{what}: {printed}"
+    assert "scratch written" in printed and "spawned" in printed
+    assert not (outside / "planted.txt").exists(), "a write inside the sandbox reached the real folder"
+    assert not Path(f"/var/tmp/alibi-planted-{os.getpid()}.txt").exists()
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 1234"], capture_output=True, text=True, check=False)
+    assert leftovers.stdout.strip() == "", "a process started by the kernel outlived it"
+
+
+# ----------------------------------------------------------------------------- static screening
+
+def _release_with(answer_id: str, source: str, name="02_worked_example"):
+    nb = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
+    next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == answer_id).source = source
+    return nb
+
+
+def test_the_solutions_are_not_flagged():
+    for path in SOLUTIONS.glob("*.ipynb"):
+        assert screen_notebook(nbformat.read(path, as_version=4)) == [], path.name
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("np.testing.assert_allclose = lambda *a, **k: None", "changes an attribute of the module np"),
+    ("import numpy.testing as t\nt.assert_allclose = print", "changes an attribute of the module t"),
+    ("def assert_close(*a, **k):\n    pass", "rebinds assert_close"),
+    ("from alibi_ref import multi_head_alibi", "imports alibi_ref"),
+    ("import sys\nsys.setprofile(None)", "imports sys"),
+    ("setattr(np.testing, 'assert_allclose', print)", "calls setattr()"),
+    ("exec('x = 1')", "calls exec()"),
+    ("getattr(np, 'testing').__dict__['assert_allclose'] = print", "special attribute __dict__"),
+    ("Q = Q * 0", "rebinds Q"),
+    ("def softmax(x):\n    global tokens\n    return x", "declares tokens global"),
+])
+def test_tampering_is_flagged(source, reason):
+    findings = screen_notebook(_release_with("softmax", source))
+    assert any(reason in str(f) for f in findings), [str(f) for f in findings]
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy as np\n\ndef softmax(x):\n    e = np.exp(x - x.max(-1, keepdims=True))\n"
+    "    return e / e.sum(-1, keepdims=True)",
+    "import warnings\n\ndef softmax(x):\n    warnings.warn('hi')\n    weights = x\n    return weights",
+    "def softmax(x):\n    out = np.array(x, dtype=float)\n    out[...] = 0\n    return out",
+])
+def test_ordinary_answers_are_not_flagged(source):
+    assert screen_notebook(_release_with("softmax", source)) == []
+
+
+# ----------------------------------------------------------------------------- collecting submissions
+
+def test_collect_reads_folders_zips_and_nbgrader_layout(tmp_path):
+    ids = {"02_worked_example": {"softmax", "test_softmax"}}
+    good = (SAMPLE / "submissions" / "ada" / "alibi" / "02_worked_example.ipynb").read_bytes()
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "02_worked_example.ipynb").write_bytes(good)
+    (tmp_path / "layout" / "alibi").mkdir(parents=True)
+    (tmp_path / "layout" / "alibi" / "02_worked_example.ipynb").write_bytes(good)
+    with zipfile.ZipFile(tmp_path / "zipped.zip", "w") as z:
+        z.writestr("some/folder/02_worked_example.ipynb", good)
+    (tmp_path / "bad.zip").write_bytes(b"not a zip")
+    (tmp_path / "bad name!").mkdir()
+    (tmp_path / "truncated").mkdir()
+    (tmp_path / "truncated" / "02_worked_example.ipynb").write_bytes(good[:500])
+    found = {s.student: s for s in collect(tmp_path, ids)}
+    for student in ("flat", "layout", "zipped"):
+        assert "02_worked_example" in found[student].notebooks, student
+    assert found["bad"].problems["02_worked_example"][0] == "unreadable"
+    assert found["bad name!"].problems["02_worked_example"][0] == "invalid"
+    assert found["truncated"].problems["02_worked_example"][0] == "unreadable"
+
+
+def test_foreign_grading_cells_lose_their_metadata(tmp_path):
+    nb = nbformat.read(SAMPLE / "submissions" / "pat" / "alibi" / "02_worked_example.ipynb", as_version=4)
+    (tmp_path / "pat").mkdir()
+    nbformat.write(nb, tmp_path / "pat" / "02_worked_example.ipynb")
+    grade_ids = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata} - {"bonus"}
+    (submission,) = collect(tmp_path, {"02_worked_example": grade_ids})
+    cleaned = nbformat.reads(submission.notebooks["02_worked_example"].decode(), as_version=4)
+    assert all(c.metadata.get("nbgrader", {}).get("grade_id") != "bonus" for c in cleaned.cells)
+    assert "bonus" in submission.notes["02_worked_example"]
