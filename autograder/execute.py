@@ -23,7 +23,7 @@ from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Integer, Unicode
 
 from .sandbox import SandboxedKernelManager, SandboxPolicy
 from .screen import screen_notebook
@@ -40,7 +40,6 @@ def _error(ename: str, evalue: str) -> NotebookNode:
 class SandboxedExecute(Execute):
     notebook_timeout = Integer(120, help="Seconds for the whole notebook, all cells together").tag(config=True)
     memory_limit = Integer(3 * 2**30, help="Bytes of address space for the kernel").tag(config=True)
-    hidden_paths = List(Unicode(), help="Folders the kernel must not see").tag(config=True)
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
     state_dir = Unicode("", help="Where each notebook's outcome is written as JSON").tag(config=True)
 
@@ -51,7 +50,7 @@ class SandboxedExecute(Execute):
     def preprocess(self, nb, resources, km=None):
         ids = resources["nbgrader"]
         findings = screen_notebook(nb)
-        self._policy = SandboxPolicy(hidden=tuple(self.hidden_paths), memory_bytes=self.memory_limit,
+        self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
                                      use_bwrap=self.use_bwrap)
         self._scratch = Path(tempfile.mkdtemp(prefix="alibi-kernel-"))
         start = time.monotonic()

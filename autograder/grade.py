@@ -41,7 +41,6 @@ class Settings:
     cell_timeout: int
     memory_bytes: int
     sandbox: bool
-    hidden: tuple[str, ...]
 
 
 def nbgrader_config(s: Settings) -> Config:
@@ -66,7 +65,6 @@ def nbgrader_config(s: Settings) -> Config:
     c.SandboxedExecute.notebook_timeout = s.timeout
     c.SandboxedExecute.memory_limit = s.memory_bytes
     c.SandboxedExecute.use_bwrap = s.sandbox
-    c.SandboxedExecute.hidden_paths = list(s.hidden)
     c.SandboxedExecute.state_dir = str(s.output / "state")
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
@@ -159,8 +157,6 @@ def grade(submissions, output="grading", *, workers: int | None = None, timeout:
         output=output, db_url=db or f"sqlite:///{output / 'gradebook.db'}",
         workers=workers or os.cpu_count() or 1, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
         memory_bytes=int(memory_gib * 2**30), sandbox=sandbox,
-        # the kernel must not see the grading output, any submission, or the course's solutions
-        hidden=(str(output), str(submissions)),
     )
     warn_if_unsandboxed(SandboxPolicy(use_bwrap=sandbox))
     # nbgrader runs its database migrations with the `alembic` program of this environment

@@ -1,11 +1,13 @@
 """Where a student's kernel runs: inside bubblewrap, with no network and a private scratch folder.
 
-Inside the sandbox the whole file system is read-only, and the folders that hold anything a
-student must not see (the course root with solutions/ and the gradebook, the grading output,
-every other submission) are replaced by empty tmpfs mounts. Only the Python installation, the
-virtual environment and the reference package are bound back in, read-only, plus one scratch
-folder per notebook, writable, where the kernel runs. Its PID namespace dies with the kernel,
-so no process it starts outlives the notebook. Memory is capped with RLIMIT_AS (prlimit).
+The sandbox starts from an empty root and binds in, read-only, only what a Python kernel
+needs: the system's programs and libraries (/usr, /bin, /lib...), a few harmless files of
+/etc, the Python installation, the virtual environment and the reference package. Nothing
+else of the machine exists inside: not the course with its solutions and hidden tests, not
+the gradebook, not the grading output, not any other submission, wherever they lie. One
+scratch folder per notebook is bound writable; the kernel runs there. It has its own network
+namespace (no network) and PID namespace (no process it starts outlives it), and its memory
+is capped with RLIMIT_AS (prlimit).
 
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
@@ -29,12 +31,17 @@ from traitlets import Instance
 REPO = Path(__file__).resolve().parents[1]
 
 
+# what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/sys")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
+             "/etc/fonts", "/etc/mime.types", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+
+
 @dataclass(frozen=True)
 class SandboxPolicy:
     """What the kernel may see, and its limits."""
 
-    hidden: tuple[str, ...] = ()  # folders replaced by empty tmpfs (solutions, output, submissions...)
-    visible: tuple[str, ...] = ()  # folders bound back read-only inside hidden ones
+    visible: tuple[str, ...] = ()  # more folders to bind read-only
     memory_bytes: int = 3 * 2**30
     use_bwrap: bool = True
     extra_env: dict = field(default_factory=dict)
@@ -74,17 +81,12 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
     limit = ["prlimit", f"--as={policy.memory_bytes}", "--"] if shutil.which("prlimit") else []
     if not policy.use_bwrap or bwrap_problem():
         return limit
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--tmpfs", "/dev/shm"]
-    home = os.path.expanduser("~")
-    for folder in sorted({*policy.hidden, home, str(REPO)}, key=len):
-        if os.path.isdir(folder):
-            cmd += ["--tmpfs", folder]
-    for folder in sorted({*policy.visible, *_python_roots()}, key=len):
-        if os.path.exists(folder):
-            cmd += ["--ro-bind", folder, folder]
+    cmd = ["bwrap", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
+    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted({*policy.visible, *_python_roots()}, key=len)):
+        if os.path.lexists(path):
+            cmd += ["--ro-bind", path, path]
     cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch),
-            "--unshare-all", "--die-with-parent", "--new-session", "--"]
+            "--unshare-all", "--die-with-parent", "--new-session", "--remount-ro", "/", "--"]
     return cmd + limit
 
 

@@ -1,5 +1,6 @@
 """The autograder, end to end on the sample class, and its parts: sandbox, screen, collection, resume."""
 
+import ast
 import asyncio
 import csv
 import os
@@ -193,22 +194,31 @@ def attempt(name, fn):
         print(name, "refused", type(err).__name__)
 attempt("read", lambda: open({str(secret_dir / 'hidden_tests.txt')!r}).read())
 attempt("write", lambda: open("/var/tmp/alibi-planted-{os.getpid()}.txt", "w").write("x"))
-open({str(outside / 'planted.txt')!r}, "w").write("x")  # a hidden folder is an empty, throwaway tmpfs
+attempt("elsewhere", lambda: open({str(outside / 'planted.txt')!r}, "w").write("x"))
 attempt("repo", lambda: open({str(ROOT / 'solutions' / 'alibi' / '01_slopes_and_bias.ipynb')!r}).read())
 attempt("network", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2))
 attempt("memory", lambda: bytearray(4 * 2**30))
+attempt("shadow", lambda: open("/etc/shadow").read())
+home = {os.path.expanduser("~")!r}
+print("home holds", sorted(os.listdir(home)) if os.path.isdir(home) else [])
 open("scratch_ok.txt", "w").write("fine")
 print("scratch written")
 subprocess.Popen(["sleep", "1234"], start_new_session=True)
 print("spawned")
 """
-    policy = SandboxPolicy(hidden=(str(secret_dir), str(outside)), memory_bytes=2 * 2**30)
+    policy = SandboxPolicy(memory_bytes=2 * 2**30)
     printed = asyncio.run(_run_in_sandbox(code, policy, scratch))
     listener.close()
-    for what in ("read", "write", "repo", "network", "memory"):
+    for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
     assert "scratch written" in printed and "spawned" in printed
-    assert not (outside / "planted.txt").exists(), "a write inside the sandbox reached the real folder"
+    # only the folders on the way to the Python installation, if it lives there, nothing else of $HOME
+    home_line = next(line for line in printed.splitlines() if line.startswith("home holds"))
+    home = Path(os.path.expanduser("~"))
+    base = Path(sys.base_prefix)
+    allowed = {base.relative_to(home).parts[0]} if base.is_relative_to(home) else set()
+    assert set(ast.literal_eval(home_line.removeprefix("home holds "))) <= allowed, home_line
+    assert not (outside / "planted.txt").exists()
     assert not Path(f"/var/tmp/alibi-planted-{os.getpid()}.txt").exists()
     time.sleep(0.5)
     leftovers = subprocess.run(["pgrep", "-f", "sleep 1234"], capture_output=True, text=True, check=False)
