@@ -11,6 +11,7 @@ flagged: the notebook then earns no autograded points from that cell on, with th
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 # modules an answer never needs and that give access to the interpreter or the machine
@@ -20,6 +21,11 @@ FORBIDDEN_MODULES = {"sys", "os", "importlib", "gc", "ctypes", "inspect", "built
 FORBIDDEN_CALLS = {"exec", "eval", "compile", "__import__", "setattr", "delattr", "globals", "vars", "locals",
                    "open", "breakpoint", "input"}
 ALLOWED_DUNDERS = {"__init__", "__name__", "__doc__", "__len__", "__call__", "__repr__", "__str__"}
+# IPython keeps every executed cell's source, hidden tests included, in these names
+IPYTHON_HISTORY = {"In", "Out", "_ih", "_oh", "_dh", "_i", "_ii", "_iii", "get_ipython"}
+# frames, tracebacks and code objects lead to the callers' globals and sources
+INTROSPECTION_ATTRS = {"f_back", "f_globals", "f_locals", "f_builtins", "f_code", "gi_frame", "gi_code", "cr_frame",
+                       "ag_frame", "tb_frame", "tb_next", "co_code", "co_consts"}
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,10 @@ def _screen_answer(grade_id: str, tree: ast.AST, protected: set, module_names: s
             flag(node, f"calls {node.func.id}()")
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr not in ALLOWED_DUNDERS:
             flag(node, f"uses the special attribute {node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr in INTROSPECTION_ATTRS:
+            flag(node, f"inspects the interpreter ({node.attr})")
+        elif isinstance(node, ast.Name) and (node.id in IPYTHON_HISTORY or re.fullmatch(r"_i\d+", node.id)):
+            flag(node, f"reads IPython's history ({node.id})")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             roots = {_root_name(t) for target in targets for t in ast.walk(target)

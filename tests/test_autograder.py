@@ -125,7 +125,7 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
         shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs / student)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--output", str(out), "--workers", "1",
-           "--no-progress"]
+           "--no-progress", "--db", f"sqlite:///{tmp_path / 'elsewhere.db'}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 120
@@ -139,6 +139,7 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
     assert run.returncode == 0, run.stderr
     for student, mtime in done.items():
         assert (out / "state" / student / "done.sha256").stat().st_mtime_ns == mtime, f"{student} was graded again"
+    assert (tmp_path / "elsewhere.db").exists() and not (out / "gradebook.db").exists(), "--db was not used"
     rows = _rows(out / "grades.csv")
     graded = {r["student"]: r for r in rows if r["notebook"] == "03_slope_zero"}
     assert {s: (float(r["score"]), r["status"]) for s, r in graded.items()} == {
@@ -249,6 +250,10 @@ def test_the_solutions_are_not_flagged():
     ("getattr(np, 'testing').__dict__['assert_allclose'] = print", "special attribute __dict__"),
     ("Q = Q * 0", "rebinds Q"),
     ("def softmax(x):\n    global tokens\n    return x", "declares tokens global"),
+    ("def softmax(x):\n    print(In[-1])\n    return x", "reads IPython's history (In)"),
+    ("def softmax(x):\n    return get_ipython().user_ns", "reads IPython's history (get_ipython)"),
+    ("def softmax(x):\n    g = (i for i in [0])\n    return g.gi_frame.f_back", "inspects the interpreter"),
+    ("def softmax(x):\n    return _i3", "reads IPython's history (_i3)"),
 ])
 def test_tampering_is_flagged(source, reason):
     findings = screen_notebook(_release_with("softmax", source))
