@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -81,6 +82,18 @@ def cmd_explain(args) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
+def cmd_extrapolate(args) -> None:
+    from dataclasses import replace
+
+    from .extrapolation import DEFAULT, QUICK, run, table
+
+    device = resolve_device(args.device) or "cpu"
+    settings = replace(QUICK if args.quick else DEFAULT, device=str(device))
+    results = run(settings, methods=args.methods, output=args.output)
+    print(table(results))
+    print(f"\nwritten to {args.output}/: results.json, extrapolation.png")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_ref", description=__doc__)
     device = argparse.ArgumentParser(add_help=False)
@@ -101,7 +114,19 @@ def main(argv=None) -> None:
     p.add_argument("token", help="a token (The, cat, sat, on, mat) or a row index")
     p.set_defaults(run=cmd_explain)
 
+    p = sub.add_parser("extrapolate", parents=[device],
+                       help="train short, test long: ALiBi against other position methods")
+    p.add_argument("--quick", action="store_true", help="a short run (about a minute on 2 cores), for CI")
+    p.add_argument("--output", type=Path, default=Path("extrapolation"), help="where results.json and the plot go")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="alibi, sinusoidal, rotary, none, learned (default: all)")
+    p.set_defaults(run=cmd_extrapolate)
+
     args = parser.parse_args(argv)
+    if getattr(args, "methods", None) is None and args.command == "extrapolate":
+        from .extrapolation import METHODS
+
+        args.methods = METHODS
     try:
         args.run(args)
     except ValueError as err:

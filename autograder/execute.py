@@ -53,6 +53,11 @@ class SandboxedExecute(Execute):
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
                                      use_bwrap=self.use_bwrap)
         self._scratch = Path(tempfile.mkdtemp(prefix="alibi-kernel-"))
+        # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
+        folder = Path(resources.get("metadata", {}).get("path") or ".")
+        for data in folder.iterdir() if folder.is_dir() else ():
+            if data.is_file() and data.suffix != ".ipynb":
+                shutil.copy(data, self._scratch / data.name)
         start = time.monotonic()
         status, reason, stopped_at = "graded", "", None
         NotebookClient.__init__(self, nb, None)
