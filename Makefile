@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-SANDBOX := $(VENV)/.sandbox
+SYSTEM := $(VENV)/.system-packages
 
 # nbgrader runs helper programs (alembic) from the environment's bin folder
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -12,11 +12,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 .PHONY: demo test lint release lab clean
 
 # the main job: regenerate the student release, then grade the sample class end to end
-demo: $(STAMP) $(SANDBOX)
+demo: $(STAMP) $(SYSTEM)
 	$(PY) -m nbgrader generate_assignment alibi --force --log-level=WARN
 	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 10 --timeout 30
 
-test: $(STAMP) $(SANDBOX) lint
+test: $(STAMP) $(SYSTEM) lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
@@ -24,11 +24,13 @@ lint: $(STAMP)
 
 # regenerate the student release course/ from the instructor's solutions/
 release: $(STAMP)
-	$(PY) -m nbgrader generate_assignment alibi --force
+	$(PY) -m nbgrader generate_assignment alibi --force --log-level=WARN
 
-# open the course in JupyterLab
-lab: $(STAMP)
-	$(PY) -m jupyterlab --notebook-dir=course
+# open the course in JupyterLab, with nbgrader's Assignment List fed from a local exchange
+lab: release
+	mkdir -p .exchange && chmod 777 .exchange
+	$(PY) -m nbgrader release_assignment alibi --force --log-level=WARN
+	$(PY) -m jupyterlab --ServerApp.root_dir=course
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed, found " + sys.version'
@@ -37,15 +39,19 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# bubblewrap sandboxes the autograder's student kernels; without it the autograder warns and runs
-# them unsandboxed (see README). Installed from Debian's packages where this user may.
-$(SANDBOX): $(STAMP)
-	@if command -v bwrap >/dev/null; then :; \
+# From Debian's packages, where this user may install them (root with apt-get): bubblewrap, which
+# sandboxes the autograder's student kernels (without it the autograder warns and runs them
+# unsandboxed), and chromium for the browser tests (without it they are skipped, saying why).
+$(SYSTEM): $(STAMP)
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then :; \
 	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null \
-		|| echo "WARNING: could not install bubblewrap: the autograder will run student code unsandboxed"; \
-	else echo "WARNING: bubblewrap (bwrap) is missing and cannot be installed here (need root and apt-get):" \
-		"the autograder will run student code unsandboxed"; fi
+		echo "installing from Debian's packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+		|| echo "WARNING: could not install$$missing (see the README for what works without them)"; \
+	else echo "WARNING:$$missing missing and not installable here (need root and apt-get):" \
+		"the autograder runs student code unsandboxed and the browser tests are skipped"; fi
 	touch $@
 
 clean:

@@ -4,6 +4,8 @@
 solutions/alibi. The gradebook (gradebook.db) is local and never committed.
 """
 
+import os
+
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
 c.CourseDirectory.course_id = "alibi"
@@ -12,3 +14,7 @@ c.CourseDirectory.release_directory = "course"
 
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# a local exchange for `make lab`: the instructor's release_assignment puts the course here, and the
+# students' Assignment List (configured in course/nbgrader_config.py) finds it
+c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".exchange")

@@ -62,12 +62,34 @@ def bias_explorer():
     head = widgets.IntSlider(value=1, min=1, max=8, description="head")
     # the head slider can never point past the last head
     widgets.dlink((n_heads, "value"), (head, "max"))
-    return widgets.interactive(
+    return _interactive(
         draw_bias_explorer, n_heads=n_heads, head=head,
         max_bias=widgets.FloatSlider(value=8.0, min=0.5, max=16.0, step=0.5, description="max_bias"),
         length=widgets.IntSlider(value=16, min=2, max=64, description="length"),
         causal=widgets.Checkbox(value=False, description="causal"),
         ax=widgets.fixed(None),
+    )
+
+
+def _interactive(draw, **controls):
+    """ipywidgets' interactive with ``draw`` as the callback and its returned figure displayed."""
+    import ipywidgets as widgets
+
+    # interactive() alone keeps the result without showing it (auto_display is interact()'s)
+    widget = widgets.interactive(draw, {"auto_display": True}, **controls)
+    return widget
+
+
+def extrapolation_explorer(results: dict):
+    """The chapter's extrapolation comparison: choose methods and how far past L to look."""
+    import ipywidgets as widgets
+
+    methods = list(results["perplexity"])
+    lengths = sorted({int(n) for row in results["perplexity"].values() for n in row})
+    return _interactive(
+        extrapolation_curves, results=widgets.fixed(results), ax=widgets.fixed(None),
+        methods=widgets.SelectMultiple(options=methods, value=tuple(methods), description="methods"),
+        max_length=widgets.SelectionSlider(options=lengths, value=lengths[-1], description="up to"),
     )
 
 

@@ -28,3 +28,21 @@ def device(request) -> torch.device:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+# the sample class is graded once per test session: by the autograder tests and the browser test
+FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
+
+
+@pytest.fixture(scope="session")
+def graded_sample_class(tmp_path_factory):
+    """(output folder, report, seconds) of grading autograder/sample_class with the autograder."""
+    import time
+    from pathlib import Path
+
+    from autograder.grade import grade
+
+    out = tmp_path_factory.mktemp("grading")
+    started = time.monotonic()
+    report = grade(Path(__file__).resolve().parents[1] / "autograder" / "sample_class" / "submissions", out, **FAST)
+    return out, report, time.monotonic() - started

@@ -26,15 +26,12 @@ SOLUTIONS = ROOT / "solutions" / "alibi"
 RELEASE = ROOT / "course" / "alibi"
 NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
-FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
+from conftest import FAST  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def sample_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("grading")
-    started = time.monotonic()
-    report = grade(SAMPLE / "submissions", out, **FAST)
-    return out, report, time.monotonic() - started
+@pytest.fixture
+def sample_run(graded_sample_class):
+    return graded_sample_class
 
 
 def _rows(path):

@@ -94,6 +94,7 @@ def test_plots_draw_on_a_given_axis():
 
 def test_bias_explorer_widget_redraws_with_its_controls():
     widget = plots.bias_explorer()
+    assert widget.auto_display, "the figure must be shown, not only kept"
     controls = {c.description: c for c in widget.children if hasattr(c, "description")}
     assert {"heads", "head", "max_bias", "length", "causal"} <= set(controls)
     controls["heads"].value = 4
@@ -125,3 +126,20 @@ def test_row_change_bars_draw_one_group_per_setting():
     fig = plots.row_change_bars({"symmetric": [0.1, 0.2], "causal": [0.0, 0.0]}, ["a", "b"])
     heights = [p.get_height() for p in fig.axes[0].patches]
     assert heights == [0.1, 0.2, 0.0, 0.0]
+
+
+def test_extrapolation_explorer_redraws_with_its_controls():
+    results = {"settings": {"context": 4}, "perplexity": {
+        "alibi": {"4": 5.0, "8": 5.0, "16": 5.1}, "learned": {"4": 6.0, "8": "error: no", "16": "error: no"}}}
+    widget = plots.extrapolation_explorer(results)
+    assert widget.auto_display, "the figure must be shown, not only kept"
+
+    def curves():
+        return {line.get_label(): list(line.get_xdata()) for line in widget.result.axes[0].get_lines()
+                if line.get_label() in results["perplexity"]}
+
+    assert curves() == {"alibi": [4, 8, 16], "learned": [4]}, "learned stops at L: past it there is no number"
+    controls = {c.description: c for c in widget.children if hasattr(c, "description")}
+    controls["methods"].value = ("alibi",)
+    controls["up to"].value = 8
+    assert curves() == {"alibi": [4, 8]}

@@ -1,0 +1,12 @@
+"""nbgrader settings for students working in this folder (JupyterLab's Assignment List and Validate).
+
+The course is released to a local exchange, .exchange/ at the repository root, by `make lab`:
+the Assignment List shows it there, and a submission goes back into it.
+"""
+
+import os
+
+c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
+
+c.CourseDirectory.course_id = "alibi"
+c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, ".exchange")
