@@ -49,7 +49,7 @@ def jupyterlab(root: Path):
     port = _free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config")}
-    log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 (closed below)
+    log = open(root / "jupyterlab.log", "w")  # closed in the finally below
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}", "--ServerApp.allow_root=True",
@@ -64,7 +64,8 @@ def jupyterlab(root: Path):
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"JupyterLab did not start:\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"JupyterLab did not start:\n{(root / 'jupyterlab.log').read_text()[-3000:]}") from None
                 time.sleep(0.3)
         yield url
     finally:
