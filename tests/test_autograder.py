@@ -299,3 +299,14 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     cleaned = nbformat.reads(submission.notebooks["02_worked_example"].decode(), as_version=4)
     assert all(c.metadata.get("nbgrader", {}).get("grade_id") != "bonus" for c in cleaned.cells)
     assert "bonus" in submission.notes["02_worked_example"]
+
+
+def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
+    subs = tmp_path / "subs" / "solo"
+    subs.mkdir(parents=True)
+    shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs)
+    with pytest.warns(UserWarning, match="sandbox disabled"):
+        report = grade(tmp_path / "subs", tmp_path / "out", sandbox=False, **FAST)
+    rows = {r["notebook"]: r for r in _rows(tmp_path / "out" / "grades.csv")}
+    assert (float(rows["03_slope_zero"]["score"]), rows["03_slope_zero"]["status"]) == (3.0, "graded")
+    assert report.totals()["solo"] == 3.0
