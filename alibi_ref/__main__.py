@@ -94,6 +94,16 @@ def cmd_extrapolate(args) -> None:
     print(f"\nwritten to {args.output}/: results.json, extrapolation.png")
 
 
+def cmd_bench(args) -> None:
+    from .bench import run, table
+
+    device = resolve_device(args.device) or "cpu"
+    rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
+               paths=args.paths, output=args.output)
+    print(table(rows))
+    print(f"\nwritten to {args.output}/: bench.json, bench.png")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_ref", description=__doc__)
     device = argparse.ArgumentParser(add_help=False)
@@ -121,6 +131,17 @@ def main(argv=None) -> None:
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help="alibi, sinusoidal, rotary, none, learned (default: all)")
     p.set_defaults(run=cmd_extrapolate)
+
+    from .bench import PATHS
+
+    p = sub.add_parser("bench", parents=[device], help="time and memory of each ALiBi path against plain SDPA")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the median is reported")
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
+    p.set_defaults(run=cmd_bench)
 
     args = parser.parse_args(argv)
     if getattr(args, "methods", None) is None and args.command == "extrapolate":

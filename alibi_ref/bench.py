@@ -1,0 +1,196 @@
+"""How much ALiBi costs on top of plain attention: time and peak memory of each path.
+
+    python -m alibi_ref bench [--device cuda] [--sizes 1024 4096] [--output DIR]
+
+For each sequence length N and causal flag it runs, each in a fresh process so that one path's
+memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
+(the floor), the naive path, SDPA with the bias as a float mask, and FlexAttention compiled
+with ALiBi as a score_mod. It prints the median time, the ratio to the floor, GFLOP/s and the
+peak memory beyond the inputs, and writes bench.json and bench.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PATHS = ("plain_sdpa", "naive", "sdpa_float_bias", "flex_compiled")
+
+
+def _flex(slopes, causal: bool, n: int, device):
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n, n, device=device)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, score_mod=alibi, block_mask=block_mask)
+
+
+def _path(name: str, slopes, causal: bool, n: int, device):
+    import torch.nn.functional as F
+
+    from .attention import alibi_attention
+
+    if name == "plain_sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if name == "naive":
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
+    if name == "sdpa_float_bias":
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="sdpa")
+    if name == "flex_compiled":
+        return _flex(slopes, causal, n, device)
+    raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
+
+
+def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int) -> dict:
+    """One path at one size, in this process: median seconds and peak bytes beyond the inputs."""
+    import torch
+
+    from .slopes import get_slopes
+
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen) for _ in range(3))
+    slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
+    fn = _path(path, slopes, causal, n, dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    fn(q, k, v)  # warm-up (and compilation)
+    sync()
+    with _PeakMemory(dev) as memory:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn(q, k, v)
+            sync()
+            times.append(time.perf_counter() - start)
+    peak = memory.peak
+    seconds = statistics.median(times)
+    flops = 4 * heads * n * n * head_dim * (0.5 if causal else 1.0)
+    return {"path": path, "n": n, "causal": causal, "seconds": seconds, "gflops": flops / seconds / 1e9,
+            "peak_bytes": peak}
+
+
+class _PeakMemory:
+    """Peak memory allocated while the block runs, beyond what was allocated when it started.
+
+    CUDA: the caching allocator's own peak. CPU: the process's resident memory, sampled every
+    half millisecond by a thread (large tensors are mmapped, so freeing them returns the memory
+    and a later allocation shows up again).
+    """
+
+    def __init__(self, device):
+        self.device, self.peak = device, 0
+
+    def __enter__(self):
+        import threading
+
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            return self
+        self._base = self._highest = _resident_bytes()
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.is_set():
+                self._highest = max(self._highest, _resident_bytes())
+                time.sleep(0.0005)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(0, self._highest - self._base)
+        return False
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 5, paths=PATHS,
+        output: Path | None = None, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
+    jobs = [(n, causal, path) for n in sizes for causal in (False, True) for path in paths]
+    rows = []
+    for n, causal, path in tqdm(jobs, desc="bench", disable=None if progress else True):
+        spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
+                "repeat": repeat if path != "naive" or n <= 4096 else 1}
+        done = subprocess.run([sys.executable, "-m", "alibi_ref.bench", json.dumps(spec)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            rows.append({**spec, "error": (done.stderr.strip().splitlines() or ["?"])[-1]})
+            continue
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    floor = {(r["n"], r["causal"]): r["seconds"] for r in rows if r["path"] == "plain_sdpa" and "seconds" in r}
+    for r in rows:
+        if "seconds" in r and (r["n"], r["causal"]) in floor:
+            r["ratio"] = r["seconds"] / floor[r["n"], r["causal"]]
+    if output is not None:
+        write(rows, Path(output), {"device": device, "heads": heads, "head_dim": head_dim, "repeat": repeat})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'N':>6} {'causal':>6} {'path':<16} {'median ms':>10} {'x plain':>8} {'GFLOP/s':>8} {'peak MiB':>9}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['n']:>6} {r['causal']!s:>6} {r['path']:<16} error: {r['error'][:60]}")
+            continue
+        lines.append(f"{r['n']:>6} {r['causal']!s:>6} {r['path']:<16} {1e3 * r['seconds']:>10.2f} "
+                     f"{r.get('ratio', math.nan):>8.2f} {r['gflops']:>8.1f} {r['peak_bytes'] / 2**20:>9.1f}")
+    return "\n".join(lines)
+
+
+def write(rows: list[dict], output: Path, settings: dict) -> None:
+    from matplotlib.figure import Figure
+
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    ax_time, ax_mem = fig.subplots(1, 2)
+    for path in dict.fromkeys(r["path"] for r in rows):
+        for causal, style in ((False, "-"), (True, "--")):
+            pts = [r for r in rows if r["path"] == path and r["causal"] == causal and "seconds" in r]
+            if pts:
+                label = f"{path} ({'causal' if causal else 'symmetric'})"
+                ax_time.plot([r["n"] for r in pts], [1e3 * r["seconds"] for r in pts], style, marker="o", label=label)
+                ax_mem.plot([r["n"] for r in pts], [r["peak_bytes"] / 2**20 for r in pts], style, marker="o")
+    for ax, ylabel in ((ax_time, "median time (ms)"), (ax_mem, "peak memory beyond inputs (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(ylabel)
+    ax_time.legend(fontsize="x-small")
+    fig.savefig(output / "bench.png", dpi=110)
+
+
+if __name__ == "__main__":  # one measurement, in its own process (see run)
+    print(json.dumps(measure(**json.loads(sys.argv[1]))))

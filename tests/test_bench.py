@@ -1,0 +1,38 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from alibi_ref.bench import measure, run, table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_measurement_reports_time_and_the_bias_memory():
+    plain = measure("plain_sdpa", 512, False, heads=4, head_dim=32, device="cpu", repeat=3)
+    biased = measure("sdpa_float_bias", 512, False, heads=4, head_dim=32, device="cpu", repeat=3)
+    assert plain["seconds"] > 0 and plain["gflops"] > 0
+    # the materialised (H, N, N) float32 bias alone is 4 MiB here: it must show up in the peak
+    assert biased["peak_bytes"] >= 4 * 512 * 512 * 4 * 0.9, biased
+    assert plain["peak_bytes"] < biased["peak_bytes"]
+
+
+def test_bench_command_writes_a_table_json_and_plot(tmp_path):
+    cmd = [sys.executable, "-m", "alibi_ref", "bench", "--sizes", "128", "256", "--heads", "2", "--head-dim", "16",
+           "--repeat", "2", "--paths", "plain_sdpa", "naive", "sdpa_float_bias", "--output", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert len(rows) == 2 * 2 * 3
+    for row in rows:
+        assert row["seconds"] > 0 and row["ratio"] > 0, row
+        if row["path"] == "plain_sdpa":
+            assert row["ratio"] == 1.0
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert "x plain" in done.stdout
+
+
+def test_a_failing_path_is_reported_not_fatal():
+    rows = run([64], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa"], progress=False)
+    rows.append({"path": "flex_compiled", "n": 64, "causal": False, "error": "boom"})
+    assert "error: boom" in table(rows)
