@@ -3,14 +3,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from alibi_ref.bench import measure, run, table
+from alibi_ref.bench import measure_in_fresh_process, run, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_measurement_reports_time_and_the_bias_memory():
-    plain = measure("plain_sdpa", 512, False, heads=4, head_dim=32, device="cpu", repeat=3)
-    biased = measure("sdpa_float_bias", 512, False, heads=4, head_dim=32, device="cpu", repeat=3)
+    spec = {"n": 512, "causal": False, "heads": 4, "head_dim": 32, "device": "cpu", "repeat": 3}
+    plain = measure_in_fresh_process({**spec, "path": "plain_sdpa"})
+    biased = measure_in_fresh_process({**spec, "path": "sdpa_float_bias"})
     assert plain["seconds"] > 0 and plain["gflops"] > 0
     # the materialised (H, N, N) float32 bias alone is 4 MiB here: it must show up in the peak
     assert biased["peak_bytes"] >= 4 * 512 * 512 * 4 * 0.9, biased
