@@ -24,7 +24,10 @@ import numpy as np
 from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
 from .bias import alibi_bias, check_lengths, check_slopes
 
-IMPLS = ("auto", "naive", "sdpa")
+IMPLS = ("auto", "naive", "sdpa", "fold")
+# largest |m_h (j - k_len // 2)| the fold may put into a float32 logit: its rounding error there is
+# about FOLD_LIMIT * 2^-24 per logit; tests/test_attention.py bounds the output error it causes
+FOLD_LIMIT = 1024.0
 
 
 class Dims(NamedTuple):
@@ -51,13 +54,46 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
     """torch's fused scaled_dot_product_attention with the bias as a float mask.
 
     The -inf of a causal mask is already folded into the bias: SDPA refuses a float
-    attn_mask together with is_causal=True.
+    attn_mask together with is_causal=True. The bias gets q's rank, (1, H, i, j) for
+    (B, H, i, d) queries: given as (H, i, j), torch 2.13's CPU kernel falls back to its
+    unfused path, about 6 times slower (measured by ``python -m alibi_ref bench``).
     """
     import torch.nn.functional as F
 
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias.to(q.dtype), scale=scale, enable_gqa=groups > 1
-    )
+    bias = bias.to(q.dtype).reshape((1,) * (q.ndim - 3) + tuple(bias.shape))  # (1.., H, i, j)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
+
+
+def _folded_causal_attention(q, k, v, slopes, scale: float, groups: int):
+    """Causal ALiBi as one causal SDPA call, the bias carried by one extra q and k column.
+
+    Under the causal mask -m (i - j) = m j - m i, and softmax ignores the row constant -m i:
+    so with q' = [q, m / scale] and k' = [k, j - c], (q' . k') * scale = q . k * scale + m (j - c),
+    the bias up to a per-row constant. Centring j on c = k_len // 2 halves the magnitude the
+    logits carry, and so their rounding error. SDPA's fused causal kernel then never builds
+    an (H, N, N) tensor.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    n, d_v = k.shape[-2], v.shape[-1]
+    m = (slopes.to(q.dtype) / scale).view(-1, 1, 1).expand(*q.shape[:-1], 1)  # (..., H, i, 1)
+    j = (torch.arange(n, device=q.device) - n // 2).to(q.dtype).view(n, 1).expand(*k.shape[:-1], 1)  # (..., H_kv, j, 1)
+    q, k = torch.cat([q, m], dim=-1), torch.cat([k, j], dim=-1)  # (..., d + 1)
+    # the fused kernel wants one head size; zero columns change no dot product
+    size = max(q.shape[-1], d_v)
+    q, k, v = (F.pad(x, (0, size - x.shape[-1])) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=groups > 1)
+    return out[..., :d_v]
+
+
+def fold_applies(q, slopes, dims: Dims, causal: bool) -> bool:
+    """Whether the folded causal path is exact enough here (float32/64, no KV offset, bounded bias)."""
+    import torch
+
+    return (causal and dims.q_len == dims.k_len and q.dtype in (torch.float32, torch.float64)
+            # |j - k_len // 2| <= k_len // 2 for every key j
+            and float(slopes.min()) >= 0 and float(slopes.max()) * (dims.k_len // 2) <= FOLD_LIMIT)
 
 
 def _as_arrays(q, k, v):
@@ -105,13 +141,19 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def _choose(impl: str, q, return_weights: bool) -> str:
+def _choose(impl: str, q, slopes, dims: Dims, causal: bool, return_weights: bool) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-    if impl == "sdpa" and (return_weights or not is_tensor(q)):
-        raise ValueError("impl='sdpa' needs torch tensors and cannot return the weights; use impl='naive'")
+    if impl in ("sdpa", "fold") and (return_weights or not is_tensor(q)):
+        raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
+    if impl == "fold" and not fold_applies(q, slopes, dims, causal):
+        raise ValueError("impl='fold' needs causal attention, q_len == k_len, float32 or float64, and "
+                         f"max slope * (k_len // 2) <= {FOLD_LIMIT:g}; got causal={causal}, q_len={dims.q_len}, "
+                         f"k_len={dims.k_len}, dtype={q.dtype}")
     if impl == "auto":
-        return "sdpa" if is_tensor(q) and not return_weights else "naive"
+        if not is_tensor(q) or return_weights:
+            return "naive"
+        return "fold" if fold_applies(q, slopes, dims, causal) else "sdpa"
     return impl
 
 
@@ -128,7 +170,9 @@ def alibi_attention(
     device and dtype, differentiable. ``scale`` defaults to 1/sqrt(d).
 
     impl: "naive" (``naive_attention``), "sdpa" (torch's fused kernel with a float
-    bias), or "auto" (sdpa for tensors unless the weights are asked for).
+    bias), "fold" (causal only: the bias folded into one extra q/k column, no (H, N, N)
+    tensor; used where its float32 rounding stays bounded, see ``fold_applies``), or
+    "auto" (fold where it applies, else sdpa, for tensors; naive for NumPy or weights).
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -136,8 +180,12 @@ def alibi_attention(
     scale = 1.0 / math.sqrt(dims.head_dim) if scale is None else float(scale)
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
-    bias = alibi_bias(as_like(slopes, q, work), dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
-    if _choose(impl, q, return_weights) == "sdpa":
+    slopes = as_like(slopes, q, work)
+    chosen = _choose(impl, q, slopes, dims, causal, return_weights)
+    if chosen == "fold":
+        return _folded_causal_attention(q, k, v, slopes, scale, groups)
+    bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
+    if chosen == "sdpa":
         return _sdpa_attention(q, k, v, bias, scale, groups)
     # 16-bit inputs are computed in float32 and rounded once at the end
     k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
