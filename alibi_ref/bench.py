@@ -4,8 +4,8 @@
 
 For each sequence length N and causal flag it runs, each in a fresh process so that one path's
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
-(the floor), the naive path, SDPA with the bias as a float mask, and FlexAttention compiled
-with ALiBi as a score_mod. It prints the median time, the ratio to the floor, GFLOP/s and the
+(the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
+float mask, and FlexAttention compiled with ALiBi as a score_mod. It prints the median time, the ratio to the floor, GFLOP/s and the
 peak memory beyond the inputs, and writes bench.json and bench.png.
 """
 
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-PATHS = ("plain_sdpa", "naive", "sdpa_float_bias", "flex_compiled")
+PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "flex_compiled")
 
 
 def _flex(slopes, causal: bool, n: int, device):
@@ -45,6 +45,8 @@ def _path(name: str, slopes, causal: bool, n: int, device):
 
     if name == "plain_sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if name == "alibi_default":  # what alibi_attention picks by itself
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal)
     if name == "naive":
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
     if name == "sdpa_float_bias":
