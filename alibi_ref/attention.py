@@ -28,6 +28,9 @@ IMPLS = ("auto", "naive", "sdpa", "fold")
 # largest |m_h (j - k_len // 2)| the fold may put into a float32 logit: its rounding error there is
 # about FOLD_LIMIT * 2^-24 per logit; tests/test_attention.py bounds the output error it causes
 FOLD_LIMIT = 1024.0
+# below this many keys the fused kernel's fixed costs (and its backward with an odd head size)
+# outweigh building the small bias: measured with and without gradients, 2 CPU cores
+FOLD_MIN_LEN = 512
 
 
 class Dims(NamedTuple):
@@ -141,7 +144,7 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def _choose(impl: str, q, slopes, dims: Dims, causal: bool, return_weights: bool) -> str:
+def choose_impl(impl: str, q, slopes, dims: Dims, causal: bool, return_weights: bool) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
     if impl in ("sdpa", "fold") and (return_weights or not is_tensor(q)):
@@ -153,7 +156,8 @@ def _choose(impl: str, q, slopes, dims: Dims, causal: bool, return_weights: bool
     if impl == "auto":
         if not is_tensor(q) or return_weights:
             return "naive"
-        return "fold" if fold_applies(q, slopes, dims, causal) else "sdpa"
+        fast = dims.k_len >= FOLD_MIN_LEN and fold_applies(q, slopes, dims, causal)
+        return "fold" if fast else "sdpa"
     return impl
 
 
@@ -171,8 +175,8 @@ def alibi_attention(
 
     impl: "naive" (``naive_attention``), "sdpa" (torch's fused kernel with a float
     bias), "fold" (causal only: the bias folded into one extra q/k column, no (H, N, N)
-    tensor; used where its float32 rounding stays bounded, see ``fold_applies``), or
-    "auto" (fold where it applies, else sdpa, for tensors; naive for NumPy or weights).
+    tensor; exact enough only where ``fold_applies``), or "auto" (for tensors: fold where
+    it applies and k_len >= FOLD_MIN_LEN, else sdpa; naive for NumPy or the weights).
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -181,7 +185,7 @@ def alibi_attention(
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
-    chosen = _choose(impl, q, slopes, dims, causal, return_weights)
+    chosen = choose_impl(impl, q, slopes, dims, causal, return_weights)
     if chosen == "fold":
         return _folded_causal_attention(q, k, v, slopes, scale, groups)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)

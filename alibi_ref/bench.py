@@ -5,8 +5,9 @@
 For each sequence length N and causal flag it runs, each in a fresh process so that one path's
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
-float mask, and FlexAttention compiled with ALiBi as a score_mod. It prints the median time, the ratio to the floor, GFLOP/s and the
-peak memory beyond the inputs, and writes bench.json and bench.png.
+float mask, and FlexAttention compiled with ALiBi as a score_mod. It prints the median time,
+the ratio to the floor, GFLOP/s and the peak memory beyond the inputs, and writes bench.json
+and bench.png.
 """
 
 from __future__ import annotations

@@ -313,3 +313,14 @@ def test_fold_applies_only_where_it_is_exact_enough(heads, n, q_len, dtype, caus
         k = torch.zeros(1, heads, n, 8, dtype=dtype)
         with pytest.raises(ValueError, match="impl='fold' needs causal attention"):
             alibi_attention(q, k, k, slopes, causal=causal, impl="fold")
+
+
+def test_auto_folds_long_causal_tensors_only():
+    from alibi_ref.attention import FOLD_MIN_LEN, choose_impl
+
+    slopes = torch.tensor(get_slopes(8))
+    for n, causal, expected in [(FOLD_MIN_LEN, True, "fold"), (FOLD_MIN_LEN - 1, True, "sdpa"),
+                                (FOLD_MIN_LEN, False, "sdpa")]:
+        q = torch.zeros(1, 8, n, 4)
+        assert choose_impl("auto", q, slopes, Dims(8, 8, n, n, 4), causal, False) == expected, (n, causal)
+    assert choose_impl("auto", np.zeros((8, 4, 4)), slopes, Dims(8, 8, 4, 4, 4), True, False) == "naive"
