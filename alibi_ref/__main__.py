@@ -85,11 +85,11 @@ def cmd_explain(args) -> None:
 def cmd_extrapolate(args) -> None:
     from dataclasses import replace
 
-    from .extrapolation import DEFAULT, QUICK, run, table
+    from .extrapolation import DEFAULT, METHODS, QUICK, run, table
 
     device = resolve_device(args.device) or "cpu"
     settings = replace(QUICK if args.quick else DEFAULT, device=str(device))
-    results = run(settings, methods=args.methods, output=args.output)
+    results = run(settings, methods=args.methods or METHODS, output=args.output)
     print(table(results))
     print(f"\nwritten to {args.output}/: results.json, extrapolation.png")
 
@@ -144,10 +144,6 @@ def main(argv=None) -> None:
     p.set_defaults(run=cmd_bench)
 
     args = parser.parse_args(argv)
-    if getattr(args, "methods", None) is None and args.command == "extrapolate":
-        from .extrapolation import METHODS
-
-        args.methods = METHODS
     try:
         args.run(args)
     except ValueError as err:

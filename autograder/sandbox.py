@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,10 +41,8 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/a
 class SandboxPolicy:
     """What the kernel may see, and its limits."""
 
-    visible: tuple[str, ...] = ()  # more folders to bind read-only
     memory_bytes: int = 3 * 2**30
     use_bwrap: bool = True
-    extra_env: dict = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -82,7 +80,7 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
     if not policy.use_bwrap or bwrap_problem():
         return limit
     cmd = ["bwrap", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
-    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted({*policy.visible, *_python_roots()}, key=len)):
+    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len)):
         if os.path.lexists(path):
             cmd += ["--ro-bind", path, path]
     cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch),
@@ -121,14 +119,14 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         kw["cwd"] = str(self.scratch)
-        kw["env"] = kernel_env(self.scratch, self.policy)
+        kw["env"] = kernel_env(self.scratch)
         # the kernel's own chatter goes to a log, read back if it dies
         kw["stdout"] = subprocess.DEVNULL
         kw["stderr"] = open(self.scratch / "kernel.log", "ab")  # the process keeps it open
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
 
-def kernel_env(scratch: Path, policy: SandboxPolicy) -> dict:
+def kernel_env(scratch: Path) -> dict:
     """A small environment: nothing of the grader's own variables leaks into the kernel."""
     env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
@@ -145,5 +143,4 @@ def kernel_env(scratch: Path, policy: SandboxPolicy) -> dict:
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the machine's BLAS workarounds
         if name in os.environ:
             env[name] = os.environ[name]
-    env.update(policy.extra_env)
     return env
