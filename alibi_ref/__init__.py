@@ -16,6 +16,7 @@ NumPy and PyTorch (any device) share one API; torch is imported only when used.
 from . import examples
 from .attention import alibi_attention, multi_head_alibi, naive_attention
 from .bias import alibi_bias, key_only_bias
+from .cpu import flush_denormals
 from .examples import cat_sat_on_mat
 from .explain import explain
 from .slopes import SCHEDULES, get_slopes
@@ -28,6 +29,7 @@ __all__ = [
     "cat_sat_on_mat",
     "examples",
     "explain",
+    "flush_denormals",
     "get_slopes",
     "key_only_bias",
     "multi_head_alibi",

@@ -99,7 +99,7 @@ def cmd_bench(args) -> None:
 
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
-               paths=args.paths, output=args.output)
+               paths=args.paths, output=args.output, keep_denormals=args.keep_denormals)
     print(table(rows))
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
@@ -141,6 +141,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the median is reported")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
+    p.add_argument("--keep-denormals", action="store_true",
+                   help="measure without flushing subnormal floats to zero (see alibi_ref.cpu)")
     p.set_defaults(run=cmd_bench)
 
     args = parser.parse_args(argv)

@@ -24,13 +24,10 @@ import numpy as np
 from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
 from .bias import alibi_bias, check_lengths, check_slopes
 
-IMPLS = ("auto", "naive", "sdpa", "fold")
-# largest |m_h (j - k_len // 2)| the fold may put into a float32 logit: its rounding error there is
-# about FOLD_LIMIT * 2^-24 per logit; tests/test_attention.py bounds the output error it causes
-FOLD_LIMIT = 1024.0
-# below this many keys the fused kernel's fixed costs (and its backward with an odd head size)
-# outweigh building the small bias: measured with and without gradients, 2 CPU cores
-FOLD_MIN_LEN = 512
+IMPLS = ("auto", "naive", "sdpa", "fold", "flex")
+# below this many keys the (H, i, j) bias is small and the fused paths' fixed costs
+# (an odd head size in the kernel's backward, FlexAttention's compilation) outweigh it
+FUSED_MIN_LEN = 512
 
 
 class Dims(NamedTuple):
@@ -67,36 +64,24 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
 
 
-def _folded_causal_attention(q, k, v, slopes, scale: float, groups: int):
-    """Causal ALiBi as one causal SDPA call, the bias carried by one extra q and k column.
+def fold_applies(q, slopes) -> bool:
+    """Whether ``alibi_ref.fold`` can run here: CPU tensors, slopes >= 0, blocks not too small.
 
-    Under the causal mask -m (i - j) = m j - m i, and softmax ignores the row constant -m i:
-    so with q' = [q, m / scale] and k' = [k, j - c], (q' . k') * scale = q . k * scale + m (j - c),
-    the bias up to a per-row constant. Centring j on c = k_len // 2 halves the magnitude the
-    logits carry, and so their rounding error. SDPA's fused causal kernel then never builds
-    an (H, N, N) tensor.
+    16-bit inputs are folded in float32: a folded logit carries m (j - c), which bfloat16
+    could not hold to within the differences between neighbouring keys.
     """
-    import torch
-    import torch.nn.functional as F
+    from .fold import MIN_BLOCK, block_size
 
-    n, d_v = k.shape[-2], v.shape[-1]
-    m = (slopes.to(q.dtype) / scale).view(-1, 1, 1).expand(*q.shape[:-1], 1)  # (..., H, i, 1)
-    j = (torch.arange(n, device=q.device) - n // 2).to(q.dtype).view(n, 1).expand(*k.shape[:-1], 1)  # (..., H_kv, j, 1)
-    q, k = torch.cat([q, m], dim=-1), torch.cat([k, j], dim=-1)  # (..., d + 1)
-    # the fused kernel wants one head size; zero columns change no dot product
-    size = max(q.shape[-1], d_v)
-    q, k, v = (F.pad(x, (0, size - x.shape[-1])) for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=groups > 1)
-    return out[..., :d_v]
+    return (is_tensor(q) and q.device.type == "cpu" and float(slopes.min()) >= 0
+            and block_size(float(slopes.max()), MIN_BLOCK, causal=True) >= MIN_BLOCK)
 
 
-def fold_applies(q, slopes, dims: Dims, causal: bool) -> bool:
-    """Whether the folded causal path is exact enough here (float32/64, no KV offset, bounded bias)."""
-    import torch
-
-    return (causal and dims.q_len == dims.k_len and q.dtype in (torch.float32, torch.float64)
-            # |j - k_len // 2| <= k_len // 2 for every key j
-            and float(slopes.min()) >= 0 and float(slopes.max()) * (dims.k_len // 2) <= FOLD_LIMIT)
+def flex_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _as_arrays(q, k, v):
@@ -144,20 +129,25 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def choose_impl(impl: str, q, slopes, dims: Dims, causal: bool, return_weights: bool) -> str:
+def choose_impl(impl: str, q, slopes, dims: Dims, return_weights: bool) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-    if impl in ("sdpa", "fold") and (return_weights or not is_tensor(q)):
+    if impl != "naive" and impl != "auto" and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
-    if impl == "fold" and not fold_applies(q, slopes, dims, causal):
-        raise ValueError("impl='fold' needs causal attention, q_len == k_len, float32 or float64, and "
-                         f"max slope * (k_len // 2) <= {FOLD_LIMIT:g}; got causal={causal}, q_len={dims.q_len}, "
-                         f"k_len={dims.k_len}, dtype={q.dtype}")
+    if impl == "fold" and not fold_applies(q, slopes):
+        raise ValueError("impl='fold' needs CPU tensors and slopes >= 0 that are not so steep that blocks of "
+                         f"16 rows lose float32 precision; got a {q.device.type} tensor, slopes "
+                         f"{float(slopes.min()):g} .. {float(slopes.max()):g}")
+    if impl == "flex" and not flex_available():
+        raise ValueError("impl='flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
     if impl == "auto":
         if not is_tensor(q) or return_weights:
             return "naive"
-        fast = dims.k_len >= FOLD_MIN_LEN and fold_applies(q, slopes, dims, causal)
-        return "fold" if fast else "sdpa"
+        if dims.k_len < FUSED_MIN_LEN:
+            return "sdpa"
+        if q.device.type == "cuda" and flex_available():
+            return "flex"
+        return "fold" if fold_applies(q, slopes) else "sdpa"
     return impl
 
 
@@ -173,10 +163,13 @@ def alibi_attention(
     one decoding step. NumPy in gives NumPy out; tensors give tensors on the same
     device and dtype, differentiable. ``scale`` defaults to 1/sqrt(d).
 
-    impl: "naive" (``naive_attention``), "sdpa" (torch's fused kernel with a float
-    bias), "fold" (causal only: the bias folded into one extra q/k column, no (H, N, N)
-    tensor; exact enough only where ``fold_applies``), or "auto" (for tensors: fold where
-    it applies and k_len >= FOLD_MIN_LEN, else sdpa; naive for NumPy or the weights).
+    impl: "naive" (``naive_attention``, the specification), "sdpa" (torch's fused kernel
+    with the bias as a float mask), "fold" (CPU: the bias folded into one extra q/k column
+    per tile, see ``alibi_ref.fold``), "flex" (FlexAttention compiled, the bias computed
+    inside the kernel; the CUDA path), or "auto": naive for NumPy or the weights, sdpa
+    below FUSED_MIN_LEN keys, else flex on CUDA and fold on the CPU. fold and flex never
+    build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()`` once first:
+    see ``alibi_ref.cpu`` for why ALiBi needs it to run at full speed.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -185,9 +178,17 @@ def alibi_attention(
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
-    chosen = choose_impl(impl, q, slopes, dims, causal, return_weights)
+    chosen = choose_impl(impl, q, slopes, dims, return_weights)
+    if chosen == "flex":
+        from .flex import flex_alibi_attention
+
+        return flex_alibi_attention(q, k, v, slopes, scale, causal, groups)
     if chosen == "fold":
-        return _folded_causal_attention(q, k, v, slopes, scale, groups)
+        from .fold import block_size, folded_attention
+
+        block = block_size(float(slopes.max()), dims.q_len, causal)
+        out = folded_attention(*(cast(x, work) for x in (q, k, v)), slopes, scale, causal, block)
+        return cast(out, out_dtype)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
     if chosen == "sdpa":
         return _sdpa_attention(q, k, v, bias, scale, groups)

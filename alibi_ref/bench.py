@@ -7,7 +7,8 @@ memory never shows up in another's: plain scaled_dot_product_attention with no b
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
 float mask, and FlexAttention compiled with ALiBi as a score_mod. It prints the median time,
 the ratio to the floor, GFLOP/s and the peak memory beyond the inputs, and writes bench.json
-and bench.png.
+and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
+says why ALiBi needs that on a CPU); --keep-denormals measures without.
 """
 
 from __future__ import annotations
@@ -25,21 +26,13 @@ from pathlib import Path
 PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "flex_compiled")
 
 
-def _flex(slopes, causal: bool, n: int, device):
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _flex(slopes, causal: bool):
+    from .attention import alibi_attention
 
-    def alibi(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx - kv_idx).abs()
-
-    block_mask = None
-    if causal:
-        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n, n, device=device)
-    compiled = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: compiled(q, k, v, score_mod=alibi, block_mask=block_mask)
+    return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
 
 
-def _path(name: str, slopes, causal: bool, n: int, device):
+def _path(name: str, slopes, causal: bool):
     import torch.nn.functional as F
 
     from .attention import alibi_attention
@@ -53,21 +46,25 @@ def _path(name: str, slopes, causal: bool, n: int, device):
     if name == "sdpa_float_bias":
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="sdpa")
     if name == "flex_compiled":
-        return _flex(slopes, causal, n, device)
+        return _flex(slopes, causal)
     raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
 
 
-def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int) -> dict:
+def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
+            keep_denormals: bool = False) -> dict:
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs."""
     import torch
 
+    from .cpu import flush_denormals
     from .slopes import get_slopes
 
+    if not keep_denormals:
+        flush_denormals()  # for every path alike, before torch starts its threads: see alibi_ref.cpu
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen) for _ in range(3))
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
-    fn = _path(path, slopes, causal, n, dev)
+    fn = _path(path, slopes, causal)
 
     def sync():
         if dev.type == "cuda":
@@ -163,21 +160,22 @@ def measure_in_fresh_process(spec: dict) -> dict:
 
 
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 5, paths=PATHS,
-        output: Path | None = None, progress: bool = True) -> list[dict]:
+        output: Path | None = None, progress: bool = True, keep_denormals: bool = False) -> list[dict]:
     from tqdm import tqdm
 
     jobs = [(n, causal, path) for n in sizes for causal in (False, True) for path in paths]
     rows = []
     for n, causal, path in tqdm(jobs, desc="bench", disable=None if progress else True):
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
-                "repeat": repeat if path != "naive" or n <= 4096 else 1}
+                "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals}
         rows.append(measure_in_fresh_process(spec))
     floor = {(r["n"], r["causal"]): r["seconds"] for r in rows if r["path"] == "plain_sdpa" and "seconds" in r}
     for r in rows:
         if "seconds" in r and (r["n"], r["causal"]) in floor:
             r["ratio"] = r["seconds"] / floor[r["n"], r["causal"]]
     if output is not None:
-        write(rows, Path(output), {"device": device, "heads": heads, "head_dim": head_dim, "repeat": repeat})
+        write(rows, Path(output), {"device": device, "heads": heads, "head_dim": head_dim, "repeat": repeat,
+                                   "keep_denormals": keep_denormals})
     return rows
 
 

@@ -11,7 +11,7 @@ from loop_reference import loop_alibi_attention
 
 from alibi_ref import alibi_attention, alibi_bias, cat_sat_on_mat, get_slopes, key_only_bias, multi_head_alibi
 from alibi_ref._backend import softmax
-from alibi_ref.attention import Dims, fold_applies, naive_attention
+from alibi_ref.attention import naive_attention
 
 
 @st.composite
@@ -259,68 +259,3 @@ def test_bias_and_attention_agree_on_one_layout():
     slopes = get_slopes(2)
     _, weights = alibi_attention(q, k, v, slopes, return_weights=True)
     np.testing.assert_allclose(weights, softmax(q @ k.swapaxes(-1, -2) / math.sqrt(3) + alibi_bias(slopes, 4)))
-
-
-# ----------------------------------------------------------------------------- the folded causal path
-
-@given(problems(causal=True))
-def test_folded_causal_path_equals_naive(problem):
-    q, k, v, slopes, _ = problem
-    k_len = k.shape[-2]
-    q = np.random.default_rng(0).normal(size=(*q.shape[:-2], k_len, q.shape[-1]))  # q_len == k_len
-    if slopes.max() * (k_len // 2) > 1024:
-        return
-    expected = alibi_attention(q, k, v, slopes, causal=True)
-    out = alibi_attention(*to_torch(q, k, v), torch.tensor(slopes), causal=True, impl="fold")
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
-
-
-def test_folded_path_gradients_match_finite_differences():
-    gen = torch.Generator().manual_seed(2)
-    q = torch.randn(1, 4, 6, 5, generator=gen, dtype=torch.float64)
-    k, v = torch.randn(2, 1, 2, 6, 5, generator=gen, dtype=torch.float64)
-    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    assert torch.autograd.gradcheck(lambda q, k, v: alibi_attention(q, k, v, slopes, causal=True, impl="fold"),
-                                    (q, k, v))
-
-
-def test_folded_path_float32_error_stays_bounded_at_length_4096():
-    """The fold carries m (j - N/2) inside float32 logits: at its limit the output moves by < 3e-4."""
-    gen = torch.Generator().manual_seed(0)
-    n, H = 4096, 8
-    q, k, v = (torch.randn(1, H, n, 64, generator=gen) for _ in range(3))
-    slopes = torch.tensor(get_slopes(H))
-    assert fold_applies(q, slopes, Dims(H, H, n, n, 64), causal=True)
-    reference = alibi_attention(*(x.double() for x in (q, k, v)), slopes.double(), causal=True, impl="sdpa")
-    error = (alibi_attention(q, k, v, slopes, causal=True).double() - reference).abs().max().item()
-    assert error < 3e-4, f"the folded path is off by {error:.2e} at N={n}"
-
-
-@pytest.mark.parametrize(("heads", "n", "q_len", "dtype", "causal", "applies"), [
-    (8, 4096, 4096, torch.float32, True, True),
-    (8, 4096, 4096, torch.float32, False, False),  # symmetric: |i - j| is no dot product
-    (8, 4096, 1, torch.float32, True, False),  # a decode step: the queries sit at the end
-    (8, 4096, 4096, torch.bfloat16, True, False),  # j is no bfloat16 number past 256
-    (12, 4096, 4096, torch.float32, True, False),  # m = 2^-0.5: past the rounding bound
-    (12, 2048, 2048, torch.float32, True, True),
-])
-def test_fold_applies_only_where_it_is_exact_enough(heads, n, q_len, dtype, causal, applies):
-    q = torch.zeros(1, heads, q_len, 8, dtype=dtype)
-    slopes = torch.tensor(get_slopes(heads), dtype=torch.float32)
-    assert fold_applies(q, slopes, Dims(heads, heads, q_len, n, 8), causal) == applies
-    if not applies:
-        k = torch.zeros(1, heads, n, 8, dtype=dtype)
-        with pytest.raises(ValueError, match="impl='fold' needs causal attention"):
-            alibi_attention(q, k, k, slopes, causal=causal, impl="fold")
-
-
-def test_auto_folds_long_causal_tensors_only():
-    from alibi_ref.attention import FOLD_MIN_LEN, choose_impl
-
-    slopes = torch.tensor(get_slopes(8))
-    for n, causal, expected in [(FOLD_MIN_LEN, True, "fold"), (FOLD_MIN_LEN - 1, True, "sdpa"),
-                                (FOLD_MIN_LEN, False, "sdpa")]:
-        q = torch.zeros(1, 8, n, 4)
-        assert choose_impl("auto", q, slopes, Dims(8, 8, n, n, 4), causal, False) == expected, (n, causal)
-    assert choose_impl("auto", np.zeros((8, 4, 4)), slopes, Dims(8, 8, 4, 4, 4), True, False) == "naive"

@@ -1,0 +1,55 @@
+"""ALiBi as a FlexAttention score_mod: the bias computed inside the fused kernel, element by element.
+
+FlexAttention (torch >= 2.5) compiles attention with a user function applied to each score, so
+the kernel evaluates -m_h |i' - j| from the tile's indices and no bias tensor ever exists. With
+torch.compile it runs fused on CUDA (Triton) and on CPU; uncompiled it would materialise the
+scores, so it is only ever called compiled. The causal mask is a block mask: whole tiles above
+the diagonal are skipped, not computed and thrown away.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+def alibi_score_mod(slopes, offset):
+    """The score_mod: ALiBi exactly as the paper writes it. ``offset`` = k_len - q_len (a tensor)."""
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        # queries sit at the end of the keys: query i is at key position i' = i + offset
+        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+
+    return alibi
+
+
+def causal_mask(offset):
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    return causal
+
+
+@functools.cache
+def _compiled_flex_attention():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
+    """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lead = q.shape[:-3]
+    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
+    q_len, k_len = q4.shape[-2], k4.shape[-2]
+    # a tensor, not an int: a decoding loop's growing offset then needs no recompilation
+    offset = torch.tensor(k_len - q_len, device=q.device)
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=q.device)
+    out = _compiled_flex_attention()(q4, k4, v4, score_mod=alibi_score_mod(slopes.float(), offset),
+                                     block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
+    return out.reshape(*lead, *out.shape[-3:])
