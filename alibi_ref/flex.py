@@ -37,19 +37,29 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.lru_cache(maxsize=64)
+def _causal_block_mask(q_len: int, k_len: int, device):
+    """Which tiles the causal mask leaves whole, partial or empty: built once per shape. On CUDA it
+    is built compiled, holding no (q_len, k_len) tensor (uncompiled, N = 16384 took 2.5 GiB on
+    an H100); torch 2.13's CPU compiler fails on it for q_len = 1, so the CPU builds it eagerly."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = torch.tensor(k_len - q_len, device=device)
+    return create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=device,
+                             _compile=torch.device(device).type == "cuda")
+
+
 def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
     """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask
 
     lead = q.shape[:-3]
     q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
     q_len, k_len = q4.shape[-2], k4.shape[-2]
     # a tensor, not an int: a decoding loop's growing offset then needs no recompilation
     offset = torch.tensor(k_len - q_len, device=q.device)
-    block_mask = None
-    if causal:
-        block_mask = create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=q.device)
+    block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
     out = _compiled_flex_attention()(q4, k4, v4, score_mod=alibi_score_mod(slopes.float(), offset),
                                      block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
     return out.reshape(*lead, *out.shape[-3:])
