@@ -45,7 +45,7 @@ def _causal_block_mask(q_len: int, k_len: int, device):
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = torch.tensor(k_len - q_len, device=device)
+    offset = torch.tensor(k_len - q_len, device=device, dtype=torch.int32)
     return create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=device,
                              _compile=torch.device(device).type == "cuda")
 
@@ -57,8 +57,9 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
     lead = q.shape[:-3]
     q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
     q_len, k_len = q4.shape[-2], k4.shape[-2]
-    # a tensor, not an int: a decoding loop's growing offset then needs no recompilation
-    offset = torch.tensor(k_len - q_len, device=q.device)
+    # a tensor, not an int: a decoding loop's growing offset then needs no recompilation;
+    # int32 like the kernel's indices (an int64 would turn the index arithmetic into 64-bit)
+    offset = torch.tensor(k_len - q_len, device=q.device, dtype=torch.int32)
     block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
     out = _compiled_flex_attention()(q4, k4, v4, score_mod=alibi_score_mod(slopes.float(), offset),
                                      block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
