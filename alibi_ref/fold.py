@@ -37,6 +37,7 @@ rests on. No (N, N) tensor is built, forward or backward.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 # largest m |j - c| the fold lets a float32 logit carry where it matters: a rounding error of
@@ -97,14 +98,12 @@ class _Frames:
     """q', k', v' with one head size W = max(d + 1, d_v), and each tile's view of them."""
 
     def __init__(self, q, k, v, slopes, scale: float, block: int, causal: bool):
-        from .bias import alibi_bias
-
         self.d, width = q.shape[-1], max(q.shape[-1] + 1, v.shape[-1])
         self.q, self.k, self.v = (_widened(x, width) for x in (q, k, v))  # (B, H | H_kv, n, W)
         self.m = (slopes / scale).view(-1, 1)  # (H, 1): q's extra column, before its sign
         self.q[..., self.d] = self.m
         if not causal:
-            self.diagonal_bias = alibi_bias(slopes, block, block).to(q.dtype)  # (H, B, B), exact and small
+            self.diagonal_bias = _diagonal_bias(tuple(slopes.tolist()), block, q.dtype, q.device)  # (H, B, B)
 
     def centre_keys(self, centre: int):
         """k's extra column becomes j - c, for every key: one write per block, no copy."""
@@ -124,6 +123,17 @@ class _Frames:
             keys = slice(tile.keys.start - first, tile.keys.stop - first)  # positions within the block
             mask = self.diagonal_bias[:, : rows.stop - rows.start, keys].unsqueeze(0)  # (1, H, n, keys)
         return q, self.k[:, :, tile.keys], self.v[:, :, tile.keys], mask
+
+
+@functools.lru_cache(maxsize=4)
+def _diagonal_bias(slopes: tuple[float, ...], block: int, dtype, device):
+    """The (H, B, B) bias of a diagonal block, the same for every block: built once and kept
+    (a few MiB), since building it on every call cost as much as the block's attention."""
+    import torch
+
+    from .bias import alibi_bias
+
+    return alibi_bias(torch.tensor(slopes, dtype=torch.float64, device=device), block, block).to(dtype)
 
 
 def _widened(x, width: int):
