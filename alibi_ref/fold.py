@@ -25,7 +25,7 @@ All tiles of a block share c = a + B // 2. The logits that matter (keys near the
 carry about m_max * B / 2 on top of q . k, so float32 rounds them by about that times 2^-24
 whatever N is; far keys carry more, but their weights e^(-m |i - j|) are then so small that
 their rounding moves nothing. ``block_size`` picks B so that m_max * B / 2 <= FOLD_LIMIT.
-(That rounding, not the N = 4096 bias, is what the causal case pays for: one block is fastest.)
+(Causal attention would run fastest as one block: the bound, not N, sets how many there are.)
 
 Merging. Tile t returns out_t and lse_t, the log-sum-exp of its shifted logits; its true one
 is lse_t - s m (i - c). With L = logsumexp_t(true lse_t), out = sum_t exp(true lse_t - L) out_t.
