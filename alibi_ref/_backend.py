@@ -88,3 +88,16 @@ def as_like(x, like, dtype):
     if is_tensor(x):
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=dtype)
+
+
+def over_flat_batch(fn):
+    """Let ``fn(q, k, v, ...)``, written for the kernels' (B, H, n, d), take (..., H, n, d) of any rank >= 3."""
+    import functools
+
+    @functools.wraps(fn)
+    def flat(q, k, v, *args):
+        lead = q.shape[:-3]
+        out = fn(*(x.reshape(-1, *x.shape[-3:]) for x in (q, k, v)), *args)  # (B, H, n, d)
+        return out.reshape(*lead, *out.shape[-3:])
+
+    return flat

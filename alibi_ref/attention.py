@@ -132,7 +132,7 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 def choose_impl(impl: str, q, slopes, dims: Dims, return_weights: bool) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-    if impl != "naive" and impl != "auto" and (return_weights or not is_tensor(q)):
+    if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
     if impl == "fold" and not fold_applies(q, slopes):
         raise ValueError("impl='fold' needs CPU tensors and slopes >= 0 that are not so steep that blocks of "

@@ -26,12 +26,6 @@ from pathlib import Path
 PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "flex_compiled")
 
 
-def _flex(slopes, causal: bool):
-    from .attention import alibi_attention
-
-    return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
-
-
 def _path(name: str, slopes, causal: bool):
     import torch.nn.functional as F
 
@@ -46,7 +40,7 @@ def _path(name: str, slopes, causal: bool):
     if name == "sdpa_float_bias":
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="sdpa")
     if name == "flex_compiled":
-        return _flex(slopes, causal)
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
     raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
 
 

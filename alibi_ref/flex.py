@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+from ._backend import over_flat_batch
+
 
 def alibi_score_mod(slopes, offset):
     """The score_mod: ALiBi exactly as the paper writes it. ``offset`` = k_len - q_len (a tensor)."""
@@ -45,22 +47,23 @@ def _causal_block_mask(q_len: int, k_len: int, device):
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = torch.tensor(k_len - q_len, device=device, dtype=torch.int32)
-    return create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=device,
+    return create_block_mask(causal_mask(_offset(q_len, k_len, device)), None, None, q_len, k_len, device=device,
                              _compile=torch.device(device).type == "cuda")
 
 
-def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
-    """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
+def _offset(q_len: int, k_len: int, device):
+    """k_len - q_len as a tensor, not an int, so that a decoding loop's growing offset needs no
+    recompilation; int32 like the kernel's indices (int64 made its index arithmetic 64-bit)."""
     import torch
 
-    lead = q.shape[:-3]
-    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
-    q_len, k_len = q4.shape[-2], k4.shape[-2]
-    # a tensor, not an int: a decoding loop's growing offset then needs no recompilation;
-    # int32 like the kernel's indices (an int64 would turn the index arithmetic into 64-bit)
-    offset = torch.tensor(k_len - q_len, device=q.device, dtype=torch.int32)
+    return torch.tensor(k_len - q_len, device=device, dtype=torch.int32)
+
+
+@over_flat_batch
+def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
+    """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
     block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
-    out = _compiled_flex_attention()(q4, k4, v4, score_mod=alibi_score_mod(slopes.float(), offset),
-                                     block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
-    return out.reshape(*lead, *out.shape[-3:])
+    score_mod = alibi_score_mod(slopes.float(), _offset(q_len, k_len, q.device))
+    return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                      enable_gqa=groups > 1)

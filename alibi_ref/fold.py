@@ -40,10 +40,12 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from ._backend import over_flat_batch
+
 # largest m |j - c| the fold lets a float32 logit carry where it matters: a rounding error of
 # about FOLD_LIMIT * 2^-24 per logit (tests/test_fold.py bounds the output error it causes)
 FOLD_LIMIT = 256.0
-# the symmetric diagonal bias (H, B, B) is built on every call: kept small
+# the symmetric diagonal bias (H, B, B) is kept between calls: kept small
 SYMMETRIC_MAX_BLOCK = 512
 MIN_BLOCK = 16
 
@@ -86,12 +88,10 @@ def plan(q_len: int, k_len: int, block: int, causal: bool) -> list[Block]:
     return blocks
 
 
+@over_flat_batch
 def folded_attention(q, k, v, slopes, scale: float, causal: bool, block: int):
     """ALiBi attention by folded tiles. q (..., H, i, d); k, v (..., H_kv, j, d | d_v); float32/64, CPU."""
-    lead = q.shape[:-3]
-    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
-    out = _FoldedTiles.apply(q4, k4, v4, slopes.to(q.dtype), scale, causal, block)
-    return out.reshape(*lead, *out.shape[-3:])
+    return _FoldedTiles.apply(q, k, v, slopes.to(q.dtype), scale, causal, block)
 
 
 class _Frames:
@@ -104,6 +104,15 @@ class _Frames:
         self.q[..., self.d] = self.m
         if not causal:
             self.diagonal_bias = _diagonal_bias(tuple(slopes.tolist()), block, q.dtype, q.device)  # (H, B, B)
+
+    def blocks(self, slopes, q_len: int, k_len: int, block: int, causal: bool):
+        """Per block of the plan: its rows, m (i - c) for them (H, n), and each tile with its kernel
+        inputs. k's extra column is rewritten for every block: use a block before taking the next."""
+        offset = k_len - q_len
+        for rows, centre, tiles in plan(q_len, k_len, block, causal):
+            self.centre_keys(centre)
+            shift = _row_shift(slopes, rows, offset, centre)
+            yield rows, shift, [(tile, self.tile(rows, tile, rows.start + offset)) for tile in tiles]
 
     def centre_keys(self, centre: int):
         """k's extra column becomes j - c, for every key: one write per block, no copy."""
@@ -173,15 +182,11 @@ def _make_function():
     class FoldedTiles(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, slopes, scale, causal, block):
-            offset = k.shape[-2] - q.shape[-2]
             frames = _Frames(q, k, v, slopes, scale, block, causal)
             outs, lses = [], []  # per block
-            for rows, centre, tiles in plan(q.shape[-2], k.shape[-2], block, causal):
-                frames.centre_keys(centre)
-                shift = _row_shift(slopes, rows, offset, centre)  # (H, n)
+            for _, shift, tiles in frames.blocks(slopes, q.shape[-2], k.shape[-2], block, causal):
                 tile_outs, tile_lses = [], []
-                for tile in tiles:
-                    q_t, k_t, v_t, mask = frames.tile(rows, tile, rows.start + offset)
+                for tile, (q_t, k_t, v_t, mask) in tiles:
                     out_t, lse_t = flash(q_t, k_t, v_t, 0.0, tile.causal, attn_mask=mask, scale=scale)
                     tile_outs.append(out_t)
                     tile_lses.append(lse_t - tile.side * shift)  # the kernel's logits carried + s m (i - c)
@@ -198,15 +203,12 @@ def _make_function():
         def backward(ctx, grad):
             q, k, v, slopes, out, lse = ctx.saved_tensors
             scale, causal, block, d_v = ctx.setup
-            d, offset = q.shape[-1], k.shape[-2] - q.shape[-2]
+            d = q.shape[-1]
             frames = _Frames(q, k, v, slopes, scale, block, causal)
             grad = torch.nn.functional.pad(grad, (0, out.shape[-1] - d_v)).contiguous()
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-            for rows, centre, tiles in plan(q.shape[-2], k.shape[-2], block, causal):
-                frames.centre_keys(centre)
-                shift = _row_shift(slopes, rows, offset, centre)
-                for tile in tiles:
-                    q_t, k_t, v_t, mask = frames.tile(rows, tile, rows.start + offset)
+            for rows, shift, tiles in frames.blocks(slopes, q.shape[-2], k.shape[-2], block, causal):
+                for tile, (q_t, k_t, v_t, mask) in tiles:
                     lse_t = (lse[:, :, rows] + tile.side * shift).contiguous()  # L in the tile's frame
                     dq_t, dk_t, dv_t = flash_backward(
                         grad[:, :, rows], q_t, k_t, v_t, out[:, :, rows], lse_t, 0.0, tile.causal,
