@@ -99,7 +99,7 @@ def cmd_bench(args) -> None:
 
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
-               paths=args.paths, output=args.output, keep_denormals=args.keep_denormals)
+               paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype)
     print(table(rows))
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
@@ -132,7 +132,7 @@ def main(argv=None) -> None:
                    help="alibi, sinusoidal, rotary, none, learned (default: all)")
     p.set_defaults(run=cmd_extrapolate)
 
-    from .bench import PATHS
+    from .bench import DTYPES, PATHS
 
     p = sub.add_parser("bench", parents=[device], help="time and memory of each ALiBi path against plain SDPA")
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
@@ -140,6 +140,7 @@ def main(argv=None) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the median is reported")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k and v")
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
     p.add_argument("--keep-denormals", action="store_true",
                    help="measure without flushing subnormal floats to zero (see alibi_ref.cpu)")

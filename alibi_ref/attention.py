@@ -24,9 +24,8 @@ import numpy as np
 from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
 from .bias import alibi_bias, check_lengths, check_slopes
 
-IMPLS = ("auto", "naive", "sdpa", "fold", "flex")
-# below this many keys the (H, i, j) bias is small and the fused paths' fixed costs
-# (an odd head size in the kernel's backward, FlexAttention's compilation) outweigh it
+IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
+# below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
 FUSED_MIN_LEN = 512
 
 
@@ -62,18 +61,6 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
 
     bias = bias.to(q.dtype).reshape((1,) * (q.ndim - 3) + tuple(bias.shape))  # (1.., H, i, j)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
-
-
-def fold_applies(q, slopes) -> bool:
-    """Whether ``alibi_ref.fold`` can run here: CPU tensors, slopes >= 0, blocks not too small.
-
-    16-bit inputs are folded in float32: a folded logit carries m (j - c), which bfloat16
-    could not hold to within the differences between neighbouring keys.
-    """
-    from .fold import MIN_BLOCK, block_size
-
-    return (is_tensor(q) and q.device.type == "cpu" and float(slopes.min()) >= 0
-            and block_size(float(slopes.max()), MIN_BLOCK, causal=True) >= MIN_BLOCK)
 
 
 def flex_available() -> bool:
@@ -129,25 +116,19 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def choose_impl(impl: str, q, slopes, dims: Dims, return_weights: bool) -> str:
+def choose_impl(impl: str, q, dims: Dims, return_weights: bool) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
-    if impl == "fold" and not fold_applies(q, slopes):
-        raise ValueError("impl='fold' needs CPU tensors and slopes >= 0 that are not so steep that blocks of "
-                         f"16 rows lose float32 precision; got a {q.device.type} tensor, slopes "
-                         f"{float(slopes.min()):g} .. {float(slopes.max()):g}")
     if impl == "flex" and not flex_available():
         raise ValueError("impl='flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
     if impl == "auto":
         if not is_tensor(q) or return_weights:
             return "naive"
-        if dims.k_len < FUSED_MIN_LEN:
-            return "sdpa"
-        if q.device.type == "cuda" and flex_available():
-            return "flex"
-        return "fold" if fold_applies(q, slopes) else "sdpa"
+        if q.device.type != "cuda":
+            return "strided"
+        return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() else "sdpa"
     return impl
 
 
@@ -164,12 +145,13 @@ def alibi_attention(
     device and dtype, differentiable. ``scale`` defaults to 1/sqrt(d).
 
     impl: "naive" (``naive_attention``, the specification), "sdpa" (torch's fused kernel
-    with the bias as a float mask), "fold" (CPU: the bias folded into one extra q/k column
-    per tile, see ``alibi_ref.fold``), "flex" (FlexAttention compiled, the bias computed
-    inside the kernel; the CUDA path), or "auto": naive for NumPy or the weights, sdpa
-    below FUSED_MIN_LEN keys, else flex on CUDA and fold on the CPU. fold and flex never
-    build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()`` once first:
-    see ``alibi_ref.cpu`` for why ALiBi needs it to run at full speed.
+    with the bias materialised as a float mask), "strided" (the same kernel, the bias a
+    strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
+    (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
+    naive for NumPy or the weights, strided on the CPU, and on CUDA flex from FUSED_MIN_LEN
+    keys, sdpa below. strided and flex never build an (H, N, N) tensor. On a CPU, call
+    ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.cpu`` for why ALiBi needs it
+    to run at full speed.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -178,17 +160,15 @@ def alibi_attention(
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
-    chosen = choose_impl(impl, q, slopes, dims, return_weights)
+    chosen = choose_impl(impl, q, dims, return_weights)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
         return flex_alibi_attention(q, k, v, slopes, scale, causal, groups)
-    if chosen == "fold":
-        from .fold import block_size, folded_attention
+    if chosen == "strided":
+        from .strided import strided_alibi_attention
 
-        block = block_size(float(slopes.max()), dims.q_len, causal)
-        out = folded_attention(*(cast(x, work) for x in (q, k, v)), slopes, scale, causal, block)
-        return cast(out, out_dtype)
+        return strided_alibi_attention(q, k, v, slopes, scale, causal, groups)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
     if chosen == "sdpa":
         return _sdpa_attention(q, k, v, bias, scale, groups)

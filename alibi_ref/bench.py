@@ -1,11 +1,12 @@
 """How much ALiBi costs on top of plain attention: time and peak memory of each path.
 
-    python -m alibi_ref bench [--device cuda] [--sizes 1024 4096] [--output DIR]
+    python -m alibi_ref bench [--device cuda] [--sizes 1024 4096] [--dtype bfloat16] [--output DIR]
 
 For each sequence length N and causal flag it runs, each in a fresh process so that one path's
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
-float mask, and FlexAttention compiled with ALiBi as a score_mod. It prints the median time,
+float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
+with ALiBi as a score_mod. It prints the median time,
 the ratio to the floor, GFLOP/s and the peak memory beyond the inputs, and writes bench.json
 and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
 says why ALiBi needs that on a CPU); --keep-denormals measures without.
@@ -23,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "flex_compiled")
+PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "strided_mask", "flex_compiled")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _path(name: str, slopes, causal: bool):
@@ -39,13 +41,15 @@ def _path(name: str, slopes, causal: bool):
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
     if name == "sdpa_float_bias":
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="sdpa")
+    if name == "strided_mask":
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="strided")
     if name == "flex_compiled":
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
     raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
 
 
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
-            keep_denormals: bool = False) -> dict:
+            keep_denormals: bool = False, dtype: str = "float32") -> dict:
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs."""
     import torch
 
@@ -56,7 +60,8 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
         flush_denormals()  # for every path alike, before torch starts its threads: see alibi_ref.cpu
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
+               for _ in range(3))
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
     fn = _path(path, slopes, causal)
 
@@ -154,22 +159,24 @@ def measure_in_fresh_process(spec: dict) -> dict:
 
 
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 5, paths=PATHS,
-        output: Path | None = None, progress: bool = True, keep_denormals: bool = False) -> list[dict]:
+        output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
+        dtype: str = "float32") -> list[dict]:
     from tqdm import tqdm
 
     jobs = [(n, causal, path) for n in sizes for causal in (False, True) for path in paths]
     rows = []
     for n, causal, path in tqdm(jobs, desc="bench", disable=None if progress else True):
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
-                "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals}
+                "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
+                "dtype": dtype}
         rows.append(measure_in_fresh_process(spec))
     floor = {(r["n"], r["causal"]): r["seconds"] for r in rows if r["path"] == "plain_sdpa" and "seconds" in r}
     for r in rows:
         if "seconds" in r and (r["n"], r["causal"]) in floor:
             r["ratio"] = r["seconds"] / floor[r["n"], r["causal"]]
     if output is not None:
-        write(rows, Path(output), {"device": device, "heads": heads, "head_dim": head_dim, "repeat": repeat,
-                                   "keep_denormals": keep_denormals})
+        write(rows, Path(output), {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim,
+                                   "repeat": repeat, "keep_denormals": keep_denormals})
     return rows
 
 

@@ -64,14 +64,21 @@ def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = F
     """
     slopes = check_slopes(slopes)
     q_len, k_len = check_lengths(q_len, k_len, causal)
-    out_dtype, work = float_dtypes(slopes)
+    out_dtype, _ = float_dtypes(slopes)
     rel = relative_positions(q_len, k_len, like=slopes)  # (i, j)
-    # -m_h * |i + (k_len - q_len) - j|, one (i, j) matrix per head
-    # (the minus sits on the integers, so the diagonal is +0.0 and prints as 0)
-    bias = cast(slopes, work)[:, None, None] * cast(-abs(rel), work)  # (H, i, j)
-    if causal:
-        bias = where_negative(rel, bias, float("-inf"))
-    return cast(bias, out_dtype)
+    return cast(bias_from_distances(slopes, rel, causal), out_dtype)  # (H, i, j)
+
+
+def bias_from_distances(slopes, rel, causal: bool):
+    """-m_h * |rel| for integer distances ``rel`` of any shape, (H, *rel.shape), in >= float32.
+
+    rel = i' - j, how far the key lies behind the query; with ``causal`` the keys ahead
+    (rel < 0) get -inf. The minus sits on the integers, so a zero distance is +0.0.
+    """
+    _, work = float_dtypes(slopes)
+    per_head = cast(slopes, work).reshape((-1,) + (1,) * rel.ndim)  # (H, 1, ...)
+    bias = per_head * cast(-abs(rel), work)  # (H, *rel.shape)
+    return where_negative(rel, bias, float("-inf")) if causal else bias
 
 
 def key_only_bias(slopes, q_len: int, k_len: int | None = None):

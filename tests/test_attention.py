@@ -150,7 +150,7 @@ def test_queries_sit_at_the_end_of_the_keys(problem, n_last):
 def test_numpy_and_torch_agree(problem):
     q, k, v, slopes, causal = problem
     expected = alibi_attention(q, k, v, slopes, causal=causal)
-    for impl in ("naive", "sdpa"):
+    for impl in ("naive", "sdpa", "strided"):
         out = alibi_attention(*to_torch(q, k, v), torch.tensor(slopes), causal=causal, impl=impl)
         assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12, err_msg=impl)
@@ -170,7 +170,7 @@ def test_fast_path_equals_naive_on_device(device, causal, dtype, tol):
     torch.testing.assert_close(fast, naive, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+@pytest.mark.parametrize("impl", ["naive", "sdpa", "strided"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_match_finite_differences(device, impl, causal):
     gen = torch.Generator().manual_seed(1)

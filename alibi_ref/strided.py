@@ -1,0 +1,78 @@
+"""ALiBi through torch's own fused attention, the bias handed over as a strided view of one row.
+
+The bias depends on i' - j alone (i' = i + k_len - q_len), so for each head it is a Toeplitz
+matrix: constant along every diagonal. Read with the queries in reverse order, r = q_len - 1 - i,
+it depends on r + j alone, a Hankel matrix, and a Hankel matrix is a view of a single row:
+
+    b[h, i, j] = -m_h |i' - j| = row[h, r + j],      row[h, t] = -m_h |k_len - 1 - t|,
+    t = 0 .. q_len + k_len - 2,   i.e.  row[h].as_strided((q_len, k_len), (1, 1))
+
+(The Toeplitz matrix itself would be a view with stride -1 along i, which torch does not allow.)
+The view holds H (q_len + k_len - 1) numbers; F.scaled_dot_product_attention's CPU flash kernel
+reads its mask through the strides and adds it tile by tile, so no (H, N, N) tensor is ever
+built, forward or backward. The bias is the materialised one, value for value: nothing is
+folded into the dot product and nothing is lost to precision. The queries are reversed going in
+and the output rows coming out: two copies of size (H, N, d).
+
+Causal: the kernel's is_causal keeps the lower triangle of its own (r, j) grid, which after the
+reversal is the wrong one, so the -inf sits in the row (row[h, t] = -inf for t > k_len - 1) and
+each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
+j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle; smaller
+blocks waste less but make the kernel's q tiles smaller (below 768 rows it uses 64-row tiles).
+"""
+
+from __future__ import annotations
+
+from ._backend import over_flat_batch
+from .bias import bias_from_distances
+
+
+def causal_block(q_len: int) -> int:
+    """Reversed query rows per kernel call under a causal mask.
+
+    Measured on 2 cores (fp32, H = 8, d = 64, against plain causal SDPA): 256 rows gave 1.05-1.15x
+    at N = 1024 and 4096, 512 and up lost to the -inf triangle; short sequences want a quarter
+    of their length (N = 256: 64 rows 1.3x, one call of 256 rows 1.95x).
+    """
+    return min(256, max(64, q_len // 4))
+
+
+def bias_row(slopes, q_len: int, k_len: int, causal: bool):
+    """(H, q_len + k_len - 1): the one row every entry of the reversed-query bias is read from."""
+    import torch
+
+    t = torch.arange(q_len + k_len - 1, device=slopes.device)
+    return bias_from_distances(slopes, (k_len - 1) - t, causal)  # (H, t)
+
+
+def hankel_view(row, rows: range, n_keys: int):
+    """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j)."""
+    H, length = row.shape
+    return row.as_strided((1, H, len(rows), n_keys), (0, length, 1, 1), row.storage_offset() + rows.start)
+
+
+@over_flat_batch
+def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None = None):
+    """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
+
+    ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
+    query rows per kernel call under a causal mask, ``causal_block(q_len)`` unless given.
+    """
+    import torch.nn.functional as F
+
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
+    row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
+    reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (B, H, i, d_v)
+    step = (block or causal_block(q_len)) if causal else q_len
+    for start in range(0, q_len, step):
+        rows = range(start, min(q_len, start + step))
+        # reversed row r is query i = q_len - 1 - r, which sees keys j <= k_len - 1 - r
+        n_keys = k_len - rows.start if causal else k_len
+        block = F.scaled_dot_product_attention(
+            reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
+            attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1,
+        )  # (B, H, r, d_v)
+        out[..., q_len - rows.stop:q_len - rows.start, :] = block.flip(-2)
+    return out
