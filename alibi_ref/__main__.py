@@ -138,7 +138,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeat", type=int, default=5, help="timed runs per measurement; the median is reported")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs per measurement; the median is reported")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k and v")
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")

@@ -6,9 +6,9 @@ For each sequence length N and causal flag it runs, each in a fresh process so t
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
 float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
-with ALiBi as a score_mod. It prints the median time,
-the ratio to the floor, GFLOP/s and the peak memory beyond the inputs, and writes bench.json
-and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
+with ALiBi as a score_mod. It prints the median time, the ratio to the floor (timed in turn
+with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, and writes
+bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
 says why ALiBi needs that on a CPU); --keep-denormals measures without.
 """
 
@@ -49,8 +49,13 @@ def _path(name: str, slopes, causal: bool):
 
 
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
-            keep_denormals: bool = False, dtype: str = "float32") -> dict:
-    """One path at one size, in this process: median seconds and peak bytes beyond the inputs."""
+            keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False) -> dict:
+    """One path at one size, in this process: median seconds and peak bytes beyond the inputs.
+
+    ``against_plain``: also time plain SDPA, call for call in turn with the path, so that the
+    ratio compares the two under the same conditions. On shared cores a process can run 10-20%
+    slower than the next one, which a ratio between two processes would count against the path.
+    """
     import torch
 
     from .cpu import flush_denormals
@@ -69,20 +74,26 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    fn(q, k, v)  # warm-up (and compilation)
-    sync()
+    def seconds(f) -> float:
+        start = time.perf_counter()
+        f(q, k, v)
+        sync()
+        return time.perf_counter() - start
+
+    plain = _path("plain_sdpa", slopes, causal) if against_plain and path != "plain_sdpa" else None
+    for f in (fn, plain) if plain else (fn,):
+        seconds(f)  # warm-up (and compilation)
     with _PeakMemory(dev) as memory:
-        times = []
+        times, plain_times = [], []
         for _ in range(repeat):
-            start = time.perf_counter()
-            fn(q, k, v)
-            sync()
-            times.append(time.perf_counter() - start)
-    peak = memory.peak
-    seconds = statistics.median(times)
+            times.append(seconds(fn))
+            if plain:
+                plain_times.append(seconds(plain))
+    median = statistics.median(times)
     flops = 4 * heads * n * n * head_dim * (0.5 if causal else 1.0)
-    return {"path": path, "n": n, "causal": causal, "seconds": seconds, "gflops": flops / seconds / 1e9,
-            "peak_bytes": peak}
+    row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9,
+           "peak_bytes": memory.peak}
+    return {**row, "plain_seconds": statistics.median(plain_times)} if plain else row
 
 
 class _PeakMemory:
@@ -151,14 +162,14 @@ def measure_in_fresh_process(spec: dict) -> dict:
     resident-memory samples see it. The timing run keeps malloc as it is, since the fixed
     threshold costs page faults on every large allocation.
     """
-    timed = _fresh(spec, {})
+    timed = _fresh({**spec, "against_plain": True}, {})
     if "error" in timed:
         return timed
     memory = _fresh({**spec, "repeat": 1}, {"MALLOC_MMAP_THRESHOLD_": "131072"})
     return {**timed, "peak_bytes": memory.get("peak_bytes", float("nan"))}
 
 
-def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 5, paths=PATHS,
+def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
         dtype: str = "float32") -> list[dict]:
     from tqdm import tqdm
@@ -170,10 +181,9 @@ def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: 
                 "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
                 "dtype": dtype}
         rows.append(measure_in_fresh_process(spec))
-    floor = {(r["n"], r["causal"]): r["seconds"] for r in rows if r["path"] == "plain_sdpa" and "seconds" in r}
     for r in rows:
-        if "seconds" in r and (r["n"], r["causal"]) in floor:
-            r["ratio"] = r["seconds"] / floor[r["n"], r["causal"]]
+        if "seconds" in r:
+            r["ratio"] = r["seconds"] / r.get("plain_seconds", r["seconds"])
     if output is not None:
         write(rows, Path(output), {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim,
                                    "repeat": repeat, "keep_denormals": keep_denormals})

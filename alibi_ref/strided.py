@@ -58,21 +58,22 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
     query rows per kernel call under a causal mask, ``causal_block(q_len)`` unless given.
     """
+    import torch
     import torch.nn.functional as F
 
     q_len, k_len = q.shape[-2], k.shape[-2]
     # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i
-    out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (B, H, i, d_v)
     step = (block or causal_block(q_len)) if causal else q_len
+    blocks = []
     for start in range(0, q_len, step):
         rows = range(start, min(q_len, start + step))
         # reversed row r is query i = q_len - 1 - r, which sees keys j <= k_len - 1 - r
         n_keys = k_len - rows.start if causal else k_len
-        block = F.scaled_dot_product_attention(
+        blocks.append(F.scaled_dot_product_attention(
             reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
             attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1,
-        )  # (B, H, r, d_v)
-        out[..., q_len - rows.stop:q_len - rows.start, :] = block.flip(-2)
-    return out
+        ))  # (B, H, r, d_v)
+    # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
+    return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)

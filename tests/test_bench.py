@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from alibi_ref.bench import measure_in_fresh_process, run, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,8 @@ def test_bench_command_writes_a_table_json_and_plot(tmp_path):
         assert row["seconds"] > 0 and row["ratio"] > 0, row
         if row["path"] == "plain_sdpa":
             assert row["ratio"] == 1.0
+        else:  # against plain SDPA timed in the same process
+            assert row["ratio"] == pytest.approx(row["seconds"] / row["plain_seconds"]), row
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "x plain" in done.stdout
 
