@@ -14,6 +14,7 @@ says why ALiBi needs that on a CPU); --keep-denormals measures without.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -52,9 +53,10 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
             keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False) -> dict:
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs.
 
-    ``against_plain``: also time plain SDPA, call for call in turn with the path, so that the
-    ratio compares the two under the same conditions. On shared cores a process can run 10-20%
-    slower than the next one, which a ratio between two processes would count against the path.
+    ``against_plain``: time plain SDPA too, call for call in turn with the path, so that the
+    ratio compares the two under the same conditions (on shared cores one process can run 10-20%
+    slower than the next, which a ratio between two processes would count against the path);
+    and sample no memory, since the sampling thread takes CPU time from the kernels' threads.
     """
     import torch
 
@@ -83,7 +85,7 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     plain = _path("plain_sdpa", slopes, causal) if against_plain and path != "plain_sdpa" else None
     for f in (fn, plain) if plain else (fn,):
         seconds(f)  # warm-up (and compilation)
-    with _PeakMemory(dev) as memory:
+    with contextlib.nullcontext() if against_plain else _PeakMemory(dev) as memory:
         times, plain_times = [], []
         for _ in range(repeat):
             times.append(seconds(fn))
@@ -91,9 +93,10 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
                 plain_times.append(seconds(plain))
     median = statistics.median(times)
     flops = 4 * heads * n * n * head_dim * (0.5 if causal else 1.0)
-    row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9,
-           "peak_bytes": memory.peak}
-    return {**row, "plain_seconds": statistics.median(plain_times)} if plain else row
+    row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9}
+    if plain:
+        row["plain_seconds"] = statistics.median(plain_times)
+    return row if against_plain else {**row, "peak_bytes": memory.peak}
 
 
 class _PeakMemory:
