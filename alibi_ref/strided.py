@@ -27,13 +27,18 @@ from ._backend import over_flat_batch
 from .bias import bias_from_distances
 
 
-def causal_block(q_len: int) -> int:
-    """Reversed query rows per kernel call under a causal mask.
+def causal_block(q_len: int, n_keys: int) -> int:
+    """Reversed query rows for the next kernel call under a causal mask, which shows it n_keys keys.
 
-    Measured on 2 cores (fp32, H = 8, d = 64, against plain causal SDPA): 256 rows gave 1.05-1.15x
-    at N = 1024 and 4096, 512 and up lost to the -inf triangle; short sequences want a quarter
-    of their length (N = 256: 64 rows 1.3x, one call of 256 rows 1.95x).
+    Two costs pull apart (measured on 2 cores, fp32, H = 8, d = 64): each call computes its own
+    -inf triangle, block / 2 keys per row; and torch's CPU flash kernel works in 64-row query
+    tiles below 768 rows (per row 11% slower at 256 rows, 31% at 128, 65% at 64) and in 256-row
+    tiles from 768 up. So: 768 rows while the keys are many and the triangle a small part of
+    the work, 256 after, a quarter of the length for short sequences (N = 256: 64-row blocks
+    1.3x plain causal SDPA, one call of 256 rows 1.95x).
     """
+    if n_keys >= 2560:
+        return 768
     return min(256, max(64, q_len // 4))
 
 
@@ -56,7 +61,7 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
 
     ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
-    query rows per kernel call under a causal mask, ``causal_block(q_len)`` unless given.
+    query rows per kernel call under a causal mask, ``causal_block`` unless given.
     """
     import torch
     import torch.nn.functional as F
@@ -65,12 +70,13 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i
-    step = (block or causal_block(q_len)) if causal else q_len
-    blocks = []
-    for start in range(0, q_len, step):
-        rows = range(start, min(q_len, start + step))
+    blocks, start = [], 0
+    while start < q_len:
         # reversed row r is query i = q_len - 1 - r, which sees keys j <= k_len - 1 - r
-        n_keys = k_len - rows.start if causal else k_len
+        n_keys = k_len - start if causal else k_len
+        size = (block or causal_block(q_len, n_keys)) if causal else q_len
+        rows = range(start, min(q_len, start + size))
+        start = rows.stop
         blocks.append(F.scaled_dot_product_attention(
             reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
             attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1,

@@ -90,8 +90,10 @@ def test_strided_runs_16_bit_inputs_forward_and_backward():
                 assert error < grad_bound, f"{dtype}, causal={causal}: d{name} off by {error:.2e}"
 
 
-def test_causal_blocks_are_a_quarter_of_the_queries_within_64_to_256_rows():
-    assert [causal_block(n) for n in (1, 100, 256, 600, 1024, 16384)] == [64, 64, 64, 150, 256, 256]
+def test_causal_blocks_are_768_rows_against_many_keys_else_a_quarter_of_the_queries_within_64_to_256():
+    assert [causal_block(n, n) for n in (1, 100, 256, 600, 1024, 2559, 2560, 16384)] == [64, 64, 64, 150, 256, 256,
+                                                                                         768, 768]
+    assert causal_block(16384, 2000) == 256 and causal_block(1, 4096) == 768
 
 
 def test_auto_picks_the_fused_path_for_its_device():
