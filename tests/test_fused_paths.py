@@ -90,6 +90,20 @@ def test_strided_runs_16_bit_inputs_forward_and_backward():
                 assert error < grad_bound, f"{dtype}, causal={causal}: d{name} off by {error:.2e}"
 
 
+def test_learned_slopes_get_the_same_gradient_through_the_strided_view():
+    """Some ALiBi variants train the slopes: the gradient must flow back through as_strided to the row."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 40, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    grads = {}
+    for impl, block in (("naive", None), ("strided", 7)):
+        slopes = torch.tensor(get_slopes(4), dtype=torch.float64, requires_grad=True)
+        out = (alibi_attention(q, k, v, slopes, causal=True, impl=impl) if block is None
+               else strided_alibi_attention(q, k, v, slopes, 8**-0.5, True, 1, block))
+        (grads[impl],) = torch.autograd.grad((out * v).sum(), slopes)
+    assert grads["naive"].abs().min() > 1e-3  # every slope matters here
+    torch.testing.assert_close(grads["strided"], grads["naive"], rtol=1e-10, atol=1e-12)
+
+
 def test_causal_blocks_are_768_rows_against_many_keys_else_a_quarter_of_the_queries_within_64_to_256():
     assert [causal_block(n, n) for n in (1, 100, 256, 600, 1024, 2559, 2560, 16384)] == [64, 64, 64, 150, 256, 256,
                                                                                          768, 768]
