@@ -99,7 +99,8 @@ def cmd_bench(args) -> None:
 
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
-               paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype)
+               paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype,
+               default_malloc=args.default_malloc)
     print(table(rows))
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
@@ -144,6 +145,8 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
     p.add_argument("--keep-denormals", action="store_true",
                    help="measure without flushing subnormal floats to zero (see alibi_ref.cpu)")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="time with glibc malloc's defaults, which fault freed buffers back in (see alibi_ref.bench)")
     p.set_defaults(run=cmd_bench)
 
     args = parser.parse_args(argv)

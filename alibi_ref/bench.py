@@ -9,7 +9,8 @@ float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAtt
 with ALiBi as a score_mod. It prints the median time, the ratio to the floor (timed in turn
 with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, and writes
 bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
-says why ALiBi needs that on a CPU); --keep-denormals measures without.
+says why ALiBi needs that on a CPU); --keep-denormals measures without. Timing processes keep
+freed memory mapped (see measure_in_fresh_process); --default-malloc measures without.
 """
 
 from __future__ import annotations
@@ -156,16 +157,23 @@ def _fresh(spec: dict, env: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_in_fresh_process(spec: dict) -> dict:
+# glibc malloc told to keep what is freed: large buffers come back from the heap, already mapped
+_KEPT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
+def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
     """``measure(**spec)`` in new interpreters: no other path's memory or compiled code around.
 
     Time and memory come from two processes. glibc's malloc raises its mmap threshold as a
     process frees large blocks, after which big tensors come from the heap and reuse freed memory
     unseen; the memory run fixes the threshold so every large tensor is mmapped and the
-    resident-memory samples see it. The timing run keeps malloc as it is, since the fixed
-    threshold costs page faults on every large allocation.
+    resident-memory samples see it. The timing run, unless ``default_malloc``, keeps freed memory
+    mapped (_KEPT_MALLOC, what tcmalloc or jemalloc would do): with glibc's defaults, two paths
+    timed in turn return their buffers to the system and fault every page back in on the next
+    call (measured: about 600 page faults per call for either at N = 1024), an allocator cost
+    that weighs on each path by the number of buffers it allocates, not by its arithmetic.
     """
-    timed = _fresh({**spec, "against_plain": True}, {})
+    timed = _fresh({**spec, "against_plain": True}, {} if default_malloc else _KEPT_MALLOC)
     if "error" in timed:
         return timed
     memory = _fresh({**spec, "repeat": 1}, {"MALLOC_MMAP_THRESHOLD_": "131072"})
@@ -174,7 +182,7 @@ def measure_in_fresh_process(spec: dict) -> dict:
 
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
-        dtype: str = "float32") -> list[dict]:
+        dtype: str = "float32", default_malloc: bool = False) -> list[dict]:
     from tqdm import tqdm
 
     jobs = [(n, causal, path) for n in sizes for causal in (False, True) for path in paths]
@@ -183,13 +191,14 @@ def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: 
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
                 "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
                 "dtype": dtype}
-        rows.append(measure_in_fresh_process(spec))
+        rows.append(measure_in_fresh_process(spec, default_malloc))
     for r in rows:
         if "seconds" in r:
             r["ratio"] = r["seconds"] / r.get("plain_seconds", r["seconds"])
     if output is not None:
         write(rows, Path(output), {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim,
-                                   "repeat": repeat, "keep_denormals": keep_denormals})
+                                   "repeat": repeat, "keep_denormals": keep_denormals,
+                                   "default_malloc": default_malloc})
     return rows
 
 

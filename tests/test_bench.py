@@ -23,11 +23,12 @@ def test_a_measurement_reports_time_and_the_bias_memory():
 def test_bench_command_writes_a_table_json_and_plot(tmp_path):
     cmd = [sys.executable, "-m", "alibi_ref", "bench", "--sizes", "128", "256", "--heads", "2", "--head-dim", "16",
            "--repeat", "2", "--paths", "plain_sdpa", "naive", "strided_mask", "--output", str(tmp_path),
-           "--keep-denormals", "--dtype", "bfloat16"]
+           "--keep-denormals", "--dtype", "bfloat16", "--default-malloc"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     written = json.loads((tmp_path / "bench.json").read_text())
-    assert written["settings"]["keep_denormals"] is True and written["settings"]["dtype"] == "bfloat16"
+    settings = written["settings"]
+    assert settings["keep_denormals"] is True and settings["default_malloc"] is True and settings["dtype"] == "bfloat16"
     rows = written["rows"]
     assert len(rows) == 2 * 2 * 3
     for row in rows:
