@@ -220,13 +220,14 @@ def write(rows: list[dict], output: Path, settings: dict) -> None:
     (output / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
     fig = Figure(figsize=(11, 4), layout="constrained")
     ax_time, ax_mem = fig.subplots(1, 2)
-    for path in dict.fromkeys(r["path"] for r in rows):
+    for index, path in enumerate(dict.fromkeys(r["path"] for r in rows)):  # a colour per path, a line style per mask
         for causal, style in ((False, "-"), (True, "--")):
             pts = [r for r in rows if r["path"] == path and r["causal"] == causal and "seconds" in r]
             if pts:
                 label = f"{path} ({'causal' if causal else 'symmetric'})"
-                ax_time.plot([r["n"] for r in pts], [1e3 * r["seconds"] for r in pts], style, marker="o", label=label)
-                ax_mem.plot([r["n"] for r in pts], [r["peak_bytes"] / 2**20 for r in pts], style, marker="o")
+                line = {"linestyle": style, "marker": "o", "color": f"C{index % 10}"}
+                ax_time.plot([r["n"] for r in pts], [1e3 * r["seconds"] for r in pts], label=label, **line)
+                ax_mem.plot([r["n"] for r in pts], [r["peak_bytes"] / 2**20 for r in pts], **line)
     for ax, ylabel in ((ax_time, "median time (ms)"), (ax_mem, "peak memory beyond inputs (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
