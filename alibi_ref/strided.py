@@ -19,6 +19,9 @@ reversal is the wrong one, so the -inf sits in the row (row[h, t] = -inf for t >
 each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
 j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle; smaller
 blocks waste less but make the kernel's q tiles smaller (below 768 rows it uses 64-row tiles).
+
+The same call runs on CUDA, where it has not been measured: ``alibi_attention`` picks it on
+the CPU only, and FlexAttention on CUDA.
 """
 
 from __future__ import annotations
@@ -51,7 +54,11 @@ def bias_row(slopes, q_len: int, k_len: int, causal: bool):
 
 
 def hankel_view(row, rows: range, n_keys: int):
-    """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j)."""
+    """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j).
+
+    Four dimensions, like q: given as (H, r, j), torch 2.13 leaves its flash kernel for a path
+    4-5 times slower.
+    """
     H, length = row.shape
     return row.as_strided((1, H, len(rows), n_keys), (0, length, 1, 1), row.storage_offset() + rows.start)
 
