@@ -156,16 +156,17 @@ def test_numpy_and_torch_agree(problem):
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12, err_msg=impl)
 
 
+@pytest.mark.parametrize("impl", ["auto", "sdpa", "strided"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-10), (torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
-def test_fast_path_equals_naive_on_device(device, causal, dtype, tol):
+def test_fast_path_equals_naive_on_device(device, causal, dtype, tol, impl):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 12, 33, 16, generator=gen)
     k, v = torch.randn(2, 2, 2, 40, 16, generator=gen)  # GQA: 12 query heads, 2 KV heads
     q, k, v = (x.to(device=device, dtype=dtype) for x in (q, k, v))
     slopes = get_slopes(12)
     naive = alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
-    fast = alibi_attention(q, k, v, slopes, causal=causal)
+    fast = alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
     assert fast.dtype == dtype and fast.device == q.device and fast.shape == (2, 12, 33, 16)
     torch.testing.assert_close(fast, naive, rtol=tol, atol=tol)
 

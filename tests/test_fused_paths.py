@@ -165,8 +165,14 @@ def test_default_path_at_length_16384_stays_under_1_gib():
 
 # ----------------------------------------------------------------------------- FlexAttention, compiled
 
+# (dtype, output tolerance, gradient tolerance) against the naive path in float64; the bfloat16
+# bounds are the strided path's, stated there
+FLEX_TOLERANCES = [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 2e-2, 4e-2)]
+
+
+@pytest.mark.parametrize(("dtype", "tol", "grad_tol"), FLEX_TOLERANCES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize(("causal", "q_len"), [(True, 128), (False, 128), (True, 1)])
-def test_flex_equals_naive_forward_and_backward(device, causal, q_len):
+def test_flex_equals_naive_forward_and_backward(device, causal, q_len, dtype, tol, grad_tol):
     """The CUDA default path. torch.compile runs the same code on the CPU, forward only (torch 2.13
     has no FlexAttention backward on the CPU), so the CPU checks the forward and CUDA both."""
     gen = torch.Generator().manual_seed(0)
@@ -174,17 +180,18 @@ def test_flex_equals_naive_forward_and_backward(device, causal, q_len):
     k, v = torch.randn(2, 2, 2, 128, 16, generator=gen, dtype=torch.float64)  # GQA: 4 query heads on 2 KV heads
     slopes = torch.tensor(get_slopes(4))
     backward = device.type == "cuda"
-    leaves = [x.to(device=device, dtype=torch.float32).requires_grad_(backward) for x in (q, k, v)]
-    reference = [x.detach().to(device).requires_grad_(backward) for x in leaves]
+    leaves = [x.to(device=device, dtype=dtype).requires_grad_(backward) for x in (q, k, v)]
+    reference = [x.detach().to(device, torch.float64).requires_grad_(backward) for x in leaves]
     out = alibi_attention(*leaves, slopes.to(device), causal=causal, impl="flex")
     expected = alibi_attention(*reference, slopes.to(device), causal=causal, impl="naive")
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=tol)
     if not backward:
         return
-    grad = torch.randn_like(out)
-    for ours, theirs in zip(torch.autograd.grad(out, leaves, grad), torch.autograd.grad(expected, reference, grad),
-                            strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    grad = torch.randn_like(expected)
+    ours_all = torch.autograd.grad(out, leaves, grad.to(dtype))
+    for ours, theirs in zip(ours_all, torch.autograd.grad(expected, reference, grad), strict=True):
+        torch.testing.assert_close(ours.double(), theirs, rtol=1e-4, atol=grad_tol)
 
 
 @pytest.mark.cuda
