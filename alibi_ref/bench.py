@@ -26,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-PATHS = ("plain_sdpa", "alibi_default", "naive", "sdpa_float_bias", "strided_mask", "flex_compiled")
+# each path but the floor is alibi_attention with this impl ("auto": what it picks by itself)
+IMPL_OF_PATH = {"alibi_default": "auto", "naive": "naive", "sdpa_float_bias": "sdpa", "strided_mask": "strided",
+                "flex_compiled": "flex"}
+PATHS = ("plain_sdpa", *IMPL_OF_PATH)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -37,17 +40,9 @@ def _path(name: str, slopes, causal: bool):
 
     if name == "plain_sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if name == "alibi_default":  # what alibi_attention picks by itself
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal)
-    if name == "naive":
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
-    if name == "sdpa_float_bias":
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="sdpa")
-    if name == "strided_mask":
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="strided")
-    if name == "flex_compiled":
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
-    raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
+    if name not in IMPL_OF_PATH:
+        raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
+    return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=IMPL_OF_PATH[name])
 
 
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
