@@ -76,8 +76,7 @@ def _interactive(draw, **controls):
     import ipywidgets as widgets
 
     # interactive() alone keeps the result without showing it (auto_display is interact()'s)
-    widget = widgets.interactive(draw, {"auto_display": True}, **controls)
-    return widget
+    return widgets.interactive(draw, {"auto_display": True}, **controls)
 
 
 def extrapolation_explorer(results: dict):
@@ -85,7 +84,7 @@ def extrapolation_explorer(results: dict):
     import ipywidgets as widgets
 
     methods = list(results["perplexity"])
-    lengths = sorted({int(n) for row in results["perplexity"].values() for n in row})
+    lengths = _evaluated_lengths(results)
     return _interactive(
         extrapolation_curves, results=widgets.fixed(results), ax=widgets.fixed(None),
         methods=widgets.SelectMultiple(options=methods, value=tuple(methods), description="methods"),
@@ -144,7 +143,7 @@ def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: in
     ax.annotate(" trained at L", (L, 0.98), xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    lengths = sorted({int(n) for row in results["perplexity"].values() for n in row})
+    lengths = _evaluated_lengths(results)
     ax.set_xticks(lengths, [f"{n}\n{n // L}L" for n in lengths])
     low, high = ax.get_ylim()
     ax.set_yticks([t for t in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 500) if low <= t <= high])
@@ -155,3 +154,8 @@ def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: in
     ax.set_title("train short, test long")
     ax.legend()
     return ax.figure
+
+
+def _evaluated_lengths(results: dict) -> list[int]:
+    """Every evaluation length in ``extrapolate``'s results, shortest first."""
+    return sorted({int(n) for row in results["perplexity"].values() for n in row})
