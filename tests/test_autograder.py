@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import FAST
 
 from autograder.collect import collect
 from autograder.grade import grade
@@ -26,12 +27,6 @@ SOLUTIONS = ROOT / "solutions" / "alibi"
 RELEASE = ROOT / "course" / "alibi"
 NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
-from conftest import FAST  # noqa: E402
-
-
-@pytest.fixture
-def sample_run(graded_sample_class):
-    return graded_sample_class
 
 
 def _rows(path):
@@ -40,8 +35,8 @@ def _rows(path):
 
 
 @needs_bwrap
-def test_sample_class_scores_and_statuses(sample_run):
-    out, report, _ = sample_run
+def test_sample_class_scores_and_statuses(graded_sample_class):
+    out, report, _ = graded_sample_class
     expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
     got = {(r["student"], r["notebook"]): r for r in _rows(out / "grades.csv")}
     students = {s for s, _ in expected}
@@ -57,8 +52,8 @@ def test_sample_class_scores_and_statuses(sample_run):
 
 
 @needs_bwrap
-def test_reasons_say_what_happened(sample_run):
-    out, _, _ = sample_run
+def test_reasons_say_what_happened(graded_sample_class):
+    out, _, _ = graded_sample_class
     reasons = {(r["student"], r["notebook"]): r["reason"] for r in _rows(out / "grades.csv")}
     assert "test_paper_slopes (AssertionError)" in reasons["cy", "01_slopes_and_bias"]
     assert "MemoryError" in reasons["max", "03_slope_zero"]
@@ -71,8 +66,8 @@ def test_reasons_say_what_happened(sample_run):
 
 
 @needs_bwrap
-def test_outputs_for_the_instructor(sample_run):
-    out, _, _ = sample_run
+def test_outputs_for_the_instructor(graded_sample_class):
+    out, _, _ = graded_sample_class
     assert (out / "grades.png").stat().st_size > 10_000
     assert _rows(out / "nbgrader_grades.csv"), "nbgrader's own export is written"
     assert (out / "gradebook.db").exists()
@@ -81,8 +76,8 @@ def test_outputs_for_the_instructor(sample_run):
 
 
 @needs_bwrap
-def test_feedback_never_shows_hidden_tests(sample_run):
-    out, _, _ = sample_run
+def test_feedback_never_shows_hidden_tests(graded_sample_class):
+    out, _, _ = graded_sample_class
     pages = list((out / "feedback").rglob("*.html"))
     assert pages
     for page in pages:
@@ -95,16 +90,16 @@ def test_feedback_never_shows_hidden_tests(sample_run):
 
 
 @needs_bwrap
-def test_the_sandbox_hid_the_solutions_and_the_gradebook(sample_run):
-    out, _, _ = sample_run
+def test_the_sandbox_hid_the_solutions_and_the_gradebook(graded_sample_class):
+    out, _, _ = graded_sample_class
     nb = nbformat.read(out / "course" / "autograded" / "oli" / "alibi" / "01_slopes_and_bias.ipynb", as_version=4)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "cannot read" in printed and "bytes of" not in printed
 
 
 @needs_bwrap
-def test_rerun_is_idempotent_and_skips_graded_students(sample_run, capsys):
-    out, _, first_seconds = sample_run
+def test_rerun_is_idempotent_and_skips_graded_students(graded_sample_class, capsys):
+    out, _, first_seconds = graded_sample_class
     before = (out / "grades.csv").read_bytes()
     started = time.monotonic()
     grade(SAMPLE / "submissions", out, **FAST)
