@@ -10,15 +10,21 @@ between a row's biases matter: a key one step further away is worth exp(-m_h)
 times less, whatever the absolute positions. That is why a model trained on short
 sequences sees nothing new on long ones.
 
+The package has three layers, each importing only the ones below it:
+
+    alibi_ref.course   the chapter's helpers: its example, traces, plots, the notebooks' checks
+    alibi_ref.lab      experiments on the library: the benchmark, train short / test long
+    alibi_ref          the library: slopes, bias, attention paths, the nn.Module (this namespace)
+
 NumPy and PyTorch (any device) share one API; torch is imported only when used.
 """
 
-from . import examples
-from .attention import alibi_attention, multi_head_alibi, naive_attention
+import importlib
+import warnings
+
+from .attention import alibi_attention, naive_attention
 from .bias import alibi_bias, key_only_bias
-from .cpu import flush_denormals
-from .examples import cat_sat_on_mat
-from .explain import explain
+from .denormals import flush_denormals
 from .slopes import SCHEDULES, get_slopes
 
 __all__ = [
@@ -26,15 +32,14 @@ __all__ = [
     "ALiBiMultiheadAttention",
     "alibi_attention",
     "alibi_bias",
-    "cat_sat_on_mat",
-    "examples",
-    "explain",
     "flush_denormals",
     "get_slopes",
     "key_only_bias",
-    "multi_head_alibi",
     "naive_attention",
 ]
+
+# names that lived here before the course helpers got their own layer
+_MOVED_TO_COURSE = {"cat_sat_on_mat", "examples", "explain", "grading", "multi_head_alibi", "plots"}
 
 
 def __getattr__(name):
@@ -43,4 +48,7 @@ def __getattr__(name):
         from .nn import ALiBiMultiheadAttention
 
         return ALiBiMultiheadAttention
+    if name in _MOVED_TO_COURSE:
+        warnings.warn(f"alibi_ref.{name} is now alibi_ref.course.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(".course", __name__), name)
     raise AttributeError(f"module 'alibi_ref' has no attribute {name!r}")

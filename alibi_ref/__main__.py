@@ -8,9 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention import multi_head_alibi
-from .examples import cat_sat_on_mat
-from .explain import explain
+from .course import cat_sat_on_mat, explain, multi_head_alibi
 from .slopes import SCHEDULES, get_slopes
 
 
@@ -85,7 +83,7 @@ def cmd_explain(args) -> None:
 def cmd_extrapolate(args) -> None:
     from dataclasses import replace
 
-    from .extrapolation import DEFAULT, METHODS, QUICK, run, table
+    from .lab.extrapolation import DEFAULT, METHODS, QUICK, run, table
 
     device = resolve_device(args.device) or "cpu"
     settings = replace(QUICK if args.quick else DEFAULT, device=str(device))
@@ -95,7 +93,7 @@ def cmd_extrapolate(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .bench import run, table
+    from .lab.bench import run, table
 
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
@@ -133,7 +131,7 @@ def main(argv=None) -> None:
                    help="alibi, sinusoidal, rotary, none, learned (default: all)")
     p.set_defaults(run=cmd_extrapolate)
 
-    from .bench import DTYPES, PATHS
+    from .lab.bench import DTYPES, PATHS
 
     p = sub.add_parser("bench", parents=[device], help="time and memory of each ALiBi path against plain SDPA")
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
@@ -144,9 +142,10 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k and v")
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
     p.add_argument("--keep-denormals", action="store_true",
-                   help="measure without flushing subnormal floats to zero (see alibi_ref.cpu)")
+                   help="measure without flushing subnormal floats to zero (see alibi_ref.denormals)")
     p.add_argument("--default-malloc", action="store_true",
-                   help="time with glibc malloc's defaults, which fault freed buffers back in (see alibi_ref.bench)")
+                   help="time with glibc malloc's defaults, which fault freed buffers back in "
+                        "(see alibi_ref.lab.bench)")
     p.set_defaults(run=cmd_bench)
 
     args = parser.parse_args(argv)

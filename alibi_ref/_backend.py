@@ -95,9 +95,9 @@ def over_flat_batch(fn):
     import functools
 
     @functools.wraps(fn)
-    def flat(q, k, v, *args):
+    def flat(q, k, v, *args, **kwargs):
         lead = q.shape[:-3]
-        out = fn(*(x.reshape(-1, *x.shape[-3:]) for x in (q, k, v)), *args)  # (B, H, n, d)
+        out = fn(*(x.reshape(-1, *x.shape[-3:]) for x in (q, k, v)), *args, **kwargs)  # (B, H, n, d)
         return out.reshape(*lead, *out.shape[-3:])
 
     return flat

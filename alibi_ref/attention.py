@@ -55,7 +55,7 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
     The -inf of a causal mask is already folded into the bias: SDPA refuses a float
     attn_mask together with is_causal=True. The bias gets q's rank, (1, H, i, j) for
     (B, H, i, d) queries: given as (H, i, j), torch 2.13's CPU kernel falls back to its
-    unfused path, about 6 times slower (measured by ``python -m alibi_ref bench``).
+    unfused path, several times slower (figures: the README, "What ALiBi costs").
     """
     import torch.nn.functional as F
 
@@ -150,7 +150,7 @@ def alibi_attention(
     (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
     naive for NumPy or the weights, strided on the CPU, and on CUDA flex from FUSED_MIN_LEN
     keys, sdpa below. strided and flex never build an (H, N, N) tensor. On a CPU, call
-    ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.cpu`` for why ALiBi needs it
+    ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.denormals`` for why ALiBi needs it
     to run at full speed.
     """
     q, k, v = _as_arrays(q, k, v)
@@ -178,31 +178,3 @@ def alibi_attention(
     out = cast(out, out_dtype)
     return (out, cast(weights, out_dtype)) if return_weights else out
 
-
-def multi_head_alibi(Q, K, V, n_heads: int, slopes=None, *, causal: bool = False):
-    """The chapter's interface: Q, K, V of shape (N, d_model), columns split per head.
-
-    Head h uses columns h*d_k .. (h+1)*d_k - 1 (d_k = d_model / n_heads). Returns
-    (output (N, d_model), weights (H, N, N)). ``slopes`` defaults to the chapter's
-    1/2^h ("textbook"); pass ``get_slopes(n_heads)`` for the paper's.
-    """
-    from .slopes import get_slopes
-
-    if slopes is None:
-        slopes = get_slopes(n_heads, "textbook")
-    if not is_tensor(Q):
-        Q, K, V = (np.asarray(x) for x in (Q, K, V))
-    if Q.ndim != 2 or K.ndim != 2 or V.ndim != 2:
-        raise ValueError(
-            f"Q, K and V must be 2-D (N, d_model), got shapes {tuple(Q.shape)}, {tuple(K.shape)}, {tuple(V.shape)}"
-        )
-    if Q.shape[1] % n_heads or V.shape[1] % n_heads:
-        raise ValueError(f"d_model must be divisible by n_heads={n_heads}, got Q {tuple(Q.shape)}, V {tuple(V.shape)}")
-
-    def split(x):  # (N, d_model) -> (H, N, d_k)
-        return x.reshape(x.shape[0], n_heads, -1).swapaxes(0, 1)
-
-    out, weights = alibi_attention(
-        split(Q), split(K), split(V), slopes, causal=causal, return_weights=True, impl="naive"
-    )  # (H, N, d_k), (H, N, N)
-    return out.swapaxes(0, 1).reshape(out.shape[1], -1), weights  # (N, d_model)

@@ -33,12 +33,11 @@ from .bias import bias_from_distances
 def causal_block(q_len: int, n_keys: int) -> int:
     """Reversed query rows for the next kernel call under a causal mask, which shows it n_keys keys.
 
-    Two costs pull apart (measured on 2 cores, fp32, H = 8, d = 64): each call computes its own
-    -inf triangle, block / 2 keys per row; and torch's CPU flash kernel works in 64-row query
-    tiles below 768 rows (per row 11% slower at 256 rows, 31% at 128, 65% at 64) and in 256-row
-    tiles from 768 up. So: 768 rows while the keys are many and the triangle a small part of
-    the work, 256 after, a quarter of the length for short sequences (N = 256: 64-row blocks
-    1.3x plain causal SDPA, one call of 256 rows 1.95x).
+    Two costs pull apart: each call computes its own -inf triangle, block / 2 keys per row; and
+    torch's CPU flash kernel works in 64-row query tiles below 768 rows (slower per row the
+    fewer the rows) and in 256-row tiles from 768 up. So: 768 rows while the keys are many and
+    the triangle a small part of the work, 256 after, a quarter of the length for short
+    sequences (figures: the README, "What ALiBi costs").
     """
     if n_keys >= 2560:
         return 768
@@ -57,7 +56,7 @@ def hankel_view(row, rows: range, n_keys: int):
     """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j).
 
     Four dimensions, like q: given as (H, r, j), torch 2.13 leaves its flash kernel for a path
-    4-5 times slower.
+    several times slower (figures: the README, "What ALiBi costs").
     """
     H, length = row.shape
     return row.as_strided((1, H, len(rows), n_keys), (0, length, 1, 1), row.storage_offset() + rows.start)

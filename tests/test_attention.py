@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from loop_reference import loop_alibi_attention
 
-from alibi_ref import alibi_attention, alibi_bias, cat_sat_on_mat, get_slopes, key_only_bias, multi_head_alibi
+from alibi_ref import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from alibi_ref._backend import softmax
 from alibi_ref.attention import naive_attention
+from alibi_ref.course import cat_sat_on_mat, multi_head_alibi
 
 
 @st.composite

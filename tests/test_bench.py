@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from alibi_ref.bench import measure_in_fresh_process, run, table
+from alibi_ref.lab.bench import measure_in_fresh_process, run, table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from alibi_ref import cat_sat_on_mat, explain, multi_head_alibi
 from alibi_ref.__main__ import main
+from alibi_ref.course import cat_sat_on_mat, explain, multi_head_alibi
 
 
 def parse_table(text: str, title: str, n_rows: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alibi_ref.extrapolation import METHODS, QUICK, Settings, TinyLM, corpus, perplexity, rotate, run, sinusoidal
+from alibi_ref.lab.extrapolation import METHODS, QUICK, Settings, TinyLM, corpus, perplexity, rotate, run, sinusoidal
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "solutions" / "alibi" / "extrapolation_results.json"

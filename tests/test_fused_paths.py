@@ -37,6 +37,10 @@ def test_strided_equals_naive_in_float64_for_any_causal_block(problem, block):
     groups = q.shape[-3] // k.shape[-3]
     out = strided_alibi_attention(q, k, v, slopes, q.shape[-1] ** -0.5, causal, groups, block)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
+    # by keyword too: the batch-flattening wrapper once dropped keyword arguments
+    by_keyword = strided_alibi_attention(q, k, v, slopes, scale=q.shape[-1] ** -0.5, causal=causal, groups=groups,
+                                         block=block)
+    assert torch.equal(by_keyword, out)
 
 
 @pytest.mark.parametrize(("causal", "q_len", "block"), [(True, 7, 3), (False, 7, 3), (True, 2, 4), (True, 7, 1)])

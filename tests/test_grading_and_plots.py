@@ -1,11 +1,14 @@
+from pathlib import Path
+
 import matplotlib
 import numpy as np
 import pytest
 import torch
 
 import alibi_ref
-from alibi_ref import get_slopes, plots
-from alibi_ref.grading import as_float64, assert_close, forbid_reference
+from alibi_ref import get_slopes
+from alibi_ref.course import cat_sat_on_mat, multi_head_alibi, plots
+from alibi_ref.course.grading import as_float64, assert_close, forbid_reference
 
 matplotlib.use("Agg")
 
@@ -54,17 +57,42 @@ def test_as_float64_returns_a_plain_copy():
 
 def test_forbid_reference_catches_calls_however_imported():
     from alibi_ref.bias import alibi_bias as renamed
+    from alibi_ref.lab.figures import axes
 
-    for answer in (lambda: alibi_ref.get_slopes(4), lambda: renamed([0.5], 3),
-                   lambda: alibi_ref.multi_head_alibi(np.eye(2), np.eye(2), np.eye(2), 1)):
-        with pytest.raises(AssertionError, match="calls alibi_ref"), forbid_reference():
+    # the library directly, renamed, through a course helper that computes with it, through the lab
+    for answer, callee in [(lambda: alibi_ref.get_slopes(4), "alibi_ref.slopes.get_slopes"),
+                           (lambda: renamed([0.5], 3), "alibi_ref.bias.alibi_bias"),
+                           (lambda: plots.get_slopes(4), "alibi_ref.slopes.get_slopes"),
+                           (lambda: multi_head_alibi(np.eye(2), np.eye(2), np.eye(2), 1), "alibi_ref.slopes"),
+                           (lambda: axes(None), "alibi_ref.lab.figures.axes")]:
+        with pytest.raises(AssertionError, match=f"calls {callee}"), forbid_reference():
             answer()
 
 
-def test_forbid_reference_allows_own_code_and_examples():
+def test_forbid_reference_allows_own_code_and_the_course_helpers():
     with forbid_reference():
-        alibi_ref.cat_sat_on_mat()
+        cat_sat_on_mat()
+        assert_close([1.0], [1.0], atol=0)
         np.exp(np.arange(3)).sum()
+
+
+def test_layers_import_only_downwards():
+    """The library imports neither the lab nor the course; the lab does not import the course."""
+    import ast
+
+    package = Path(alibi_ref.__file__).parent
+    for path in package.rglob("*.py"):
+        if path.name == "__main__.py":  # the command line is the application over all three layers
+            continue
+        layer = path.relative_to(package).parts[0] if path.parent != package else "library"
+        above = {"library": ("course", "lab"), "lab": ("course",), "course": ()}[layer]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                # resolve a relative import to the package path it names
+                base = list(path.relative_to(package).parent.parts)[: len(path.relative_to(package).parts) - node.level]
+                target = (base + (node.module or "").split(".")) if node.level else (node.module or "").split(".")[1:]
+                names = [target[0]] if target and target[0] else [a.name for a in node.names]
+                assert not set(names) & set(above), f"{path.relative_to(package)} ({layer}) imports {names} from above"
 
 
 # ----------------------------------------------------------------------------- plots

@@ -3,10 +3,8 @@
 ALiBi puts far keys hundreds of logits below a row's best key. Inside a fused attention
 kernel their terms (e^(-m |i - j|) times a value, rescaled block after block as the running
 maximum grows) sink below float32's smallest normal number, 1.2e-38. x86 cores compute
-with such subnormal numbers in microcode, many times slower. Measured on the project's
-2-core machine (fp32, H = 8, d = 64, causal, N = 4096, torch's flash kernel with the ALiBi
-bias, ``alibi_ref.strided``): 126 ms with subnormals, 85 ms flushed, 70 ms for plain attention
-with no bias at all.
+with such subnormal numbers in microcode, many times slower: on a CPU the default path
+runs a good deal slower with them than flushed (measured: the README's "Subnormal numbers").
 
 Flushing them to zero changes no weight that float32 can tell from zero next to the row's
 best key (1e-38 against 1). PyTorch's switch for it, ``torch.set_flush_denormal``, sets the

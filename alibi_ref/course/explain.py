@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import multi_head_alibi
-from .bias import alibi_bias
-from .slopes import get_slopes
+from ..bias import alibi_bias
+from ..slopes import get_slopes
+from .chapter import multi_head_alibi
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,22 @@ import sys
 
 import numpy as np
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# a student's answer may use these; everything else in alibi_ref is what the exercises ask for
-_ALLOWED = {os.path.join(_PACKAGE_DIR, name) for name in ("grading.py", "examples.py", "plots.py")}
+_COURSE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(_COURSE_DIR)
+
+
+def is_reference_code(filename: str) -> bool:
+    """One rule: the reference is alibi_ref's library and lab, every module outside alibi_ref.course.
+
+    The course's own helpers (its example, plots, these checks) are there for students to use.
+    """
+    filename = os.path.abspath(filename)
+    return filename.startswith(_PACKAGE_DIR + os.sep) and not filename.startswith(_COURSE_DIR + os.sep)
+
+
+def _qualified_name(code) -> str:
+    module = os.path.relpath(os.path.abspath(code.co_filename), os.path.dirname(_PACKAGE_DIR))[:-3]
+    return f"{module.replace(os.sep, '.')}.{code.co_name}"
 
 
 def as_float64(x, name: str = "your answer") -> np.ndarray:
@@ -63,10 +76,8 @@ def forbid_reference(what: str = "this answer"):
     calls: list[str] = []
 
     def hook(frame, event, arg):
-        if event == "call" and len(calls) < 1:
-            filename = os.path.abspath(frame.f_code.co_filename)
-            if filename.startswith(_PACKAGE_DIR + os.sep) and filename not in _ALLOWED:
-                calls.append(f"alibi_ref.{os.path.basename(filename)[:-3]}.{frame.f_code.co_name}")
+        if event == "call" and not calls and is_reference_code(frame.f_code.co_filename):
+            calls.append(_qualified_name(frame.f_code))
 
     previous = sys.getprofile()
     sys.setprofile(hook)

@@ -8,7 +8,7 @@ memory never shows up in another's: plain scaled_dot_product_attention with no b
 float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
 with ALiBi as a score_mod. It prints the median time, the ratio to the floor (timed in turn
 with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, and writes
-bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.cpu
+bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.denormals
 says why ALiBi needs that on a CPU); --keep-denormals measures without. Timing processes keep
 freed memory mapped (see measure_in_fresh_process); --default-malloc measures without.
 """
@@ -36,7 +36,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def _path(name: str, slopes, causal: bool):
     import torch.nn.functional as F
 
-    from .attention import alibi_attention
+    from ..attention import alibi_attention
 
     if name == "plain_sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -50,17 +50,17 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs.
 
     ``against_plain``: time plain SDPA too, call for call in turn with the path, so that the
-    ratio compares the two under the same conditions (on shared cores one process can run 10-20%
+    ratio compares the two under the same conditions (on shared cores one process can run measurably
     slower than the next, which a ratio between two processes would count against the path);
     and sample no memory, since the sampling thread takes CPU time from the kernels' threads.
     """
     import torch
 
-    from .cpu import flush_denormals
-    from .slopes import get_slopes
+    from ..denormals import flush_denormals
+    from ..slopes import get_slopes
 
     if not keep_denormals:
-        flush_denormals()  # for every path alike, before torch starts its threads: see alibi_ref.cpu
+        flush_denormals()  # for every path alike, before torch starts its threads: see alibi_ref.denormals
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
@@ -145,7 +145,7 @@ def _resident_bytes() -> int:
 
 
 def _fresh(spec: dict, env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "alibi_ref.bench", json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-m", "alibi_ref.lab.bench", json.dumps(spec)],
                           capture_output=True, text=True, check=False, env={**os.environ, **env})
     if done.returncode != 0:
         return {**spec, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}

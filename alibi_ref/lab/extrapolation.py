@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import alibi_attention
-from .slopes import get_slopes
+from ..attention import alibi_attention
+from ..slopes import get_slopes
 
 METHODS = ("alibi", "sinusoidal", "rotary", "none", "learned")
 
@@ -236,7 +236,7 @@ def table(results: dict) -> str:
 def write(results: dict, output: Path) -> None:
     from matplotlib.figure import Figure
 
-    from .plots import extrapolation_curves
+    from .figures import extrapolation_curves
 
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -1,0 +1,17 @@
+"""The course's layer: what the chapter and its notebooks use on top of the library.
+
+    examples   the chapter's shared example, "The cat sat on mat"
+    chapter    ``multi_head_alibi``, the chapter's (N, d_model) interface
+    explain    the chapter's per-query trace
+    plots      drawing functions and widgets shared by the notebooks and scripts
+    grading    what the notebooks' test cells use
+
+It imports the library (``alibi_ref``) and the lab (``alibi_ref.lab``); neither imports it.
+"""
+
+from . import examples, grading, plots
+from .chapter import multi_head_alibi
+from .examples import cat_sat_on_mat
+from .explain import explain
+
+__all__ = ["cat_sat_on_mat", "examples", "explain", "grading", "multi_head_alibi", "plots"]

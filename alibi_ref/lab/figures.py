@@ -1,0 +1,52 @@
+"""Figures of the lab's results, drawn without torch so the notebooks can import them cheaply.
+
+Each function takes an optional matplotlib ``ax`` and returns the figure; without an ``ax`` it
+draws on a new standalone ``Figure`` (not one of pyplot's), so widget callbacks leave no pyplot
+figures behind.
+"""
+
+from __future__ import annotations
+
+
+def axes(ax, figsize=(5, 4)):
+    """``ax``, or the axes of a new standalone figure."""
+    if ax is None:
+        from matplotlib.figure import Figure
+
+        ax = Figure(figsize=figsize, layout="constrained").add_subplot()
+    return ax
+
+
+def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: int | None = None):
+    """Perplexity against evaluation length, one line per position method, from ``extrapolate``'s results."""
+    ax = axes(ax, (7, 4.5))
+    L = results["settings"]["context"]
+    for method, row in results["perplexity"].items():
+        if methods is not None and method not in methods:
+            continue
+        points = [(int(n), v) for n, v in row.items() if isinstance(v, float) and (max_length is None or
+                                                                                    int(n) <= max_length)]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=method)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.axvline(L, color="gray", linestyle="--", linewidth=1)
+    ax.annotate(" trained at L", (L, 0.98), xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    lengths = evaluated_lengths(results)
+    ax.set_xticks(lengths, [f"{n}\n{n // L}L" for n in lengths])
+    low, high = ax.get_ylim()
+    ax.set_yticks([t for t in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 500) if low <= t <= high])
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("evaluation length (bytes)")
+    ax.set_ylabel("perplexity per byte (held out)")
+    ax.set_title("train short, test long")
+    ax.legend()
+    return ax.figure
+
+
+def evaluated_lengths(results: dict) -> list[int]:
+    """Every evaluation length in ``extrapolate``'s results, shortest first."""
+    return sorted({int(n) for row in results["perplexity"].values() for n in row})
