@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # names that lived here before the course helpers got their own layer
-_MOVED_TO_COURSE = {"cat_sat_on_mat", "examples", "explain", "grading", "multi_head_alibi", "plots"}
+_MOVED_TO_COURSE = {"cat_sat_on_mat", "examples", "explain", "multi_head_alibi", "plots"}
 
 
 def __getattr__(name):

@@ -3,7 +3,10 @@
 Nothing here runs student code. Each notebook is parsed and validated; one that is truncated or
 not JSON is recorded as unreadable instead of reaching nbgrader (which would discard the
 student's whole submission for it). Cells carrying nbgrader metadata that the assignment does
-not have (foreign cells) lose that metadata, so nbgrader grades them as plain cells.
+not have (foreign cells) lose that metadata, so nbgrader grades them as plain cells. Graded or
+locked cells the student deleted are put back from the release, where they stood: nbgrader's
+own ``add_missing_cells`` fails when two neighbours are missing (0.9.6: KeyError), and then
+nbgrader discards the submission. nbgrader restores every such cell's source from its gradebook.
 """
 
 from __future__ import annotations
@@ -61,7 +64,27 @@ def _files_of_zip(path: Path) -> dict[str, bytes]:
     return found
 
 
-def _clean(raw: bytes, grade_ids: set[str]) -> tuple[bytes | None, str]:
+def _grade_id(cell) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+def _put_back_deleted(nb, release) -> list[str]:
+    """Insert the release's version of every nbgrader cell missing from ``nb``, after its release neighbour."""
+    present = {_grade_id(c) for c in nb.cells} - {None}
+    put_back = []
+    for n, cell in enumerate(release.cells):
+        grade_id = _grade_id(cell)
+        if grade_id is None or grade_id in present:
+            continue
+        before = [_grade_id(c) for c in release.cells[:n] if _grade_id(c) in present]
+        at = next((k + 1 for k, c in enumerate(nb.cells) if before and _grade_id(c) == before[-1]), 0)
+        nb.cells.insert(at, nbformat.from_dict(cell))
+        present.add(grade_id)
+        put_back.append(grade_id)
+    return put_back
+
+
+def _clean(raw: bytes, release) -> tuple[bytes | None, str]:
     """(the notebook to grade, a note), or (None, why it cannot be graded)."""
     if len(raw) > MAX_NOTEBOOK_BYTES:
         return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB"
@@ -72,20 +95,29 @@ def _clean(raw: bytes, grade_ids: set[str]) -> tuple[bytes | None, str]:
         return None, f"not a notebook: the file is not valid JSON ({err})"
     except Exception as err:  # nbformat's ValidationError and friends
         return None, f"not a valid notebook: {str(err).splitlines()[0]}"
-    foreign = []
+    grade_ids = {_grade_id(c) for c in release.cells} - {None}
+    foreign, seen = [], set()
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader")
-        if meta is not None and meta.get("grade_id") not in grade_ids:
-            foreign.append(str(meta.get("grade_id")))
+        if meta is not None and (meta.get("grade_id") not in grade_ids or meta.get("grade_id") in seen):
+            foreign.append(str(meta.get("grade_id")))  # not the assignment's, or a second copy of one
             del cell.metadata["nbgrader"]
-    note = f"ignored the grading metadata of cells not in the assignment: {', '.join(foreign)}" if foreign else ""
-    return nbformat.writes(nb).encode(), note
+        elif meta is not None:
+            seen.add(meta["grade_id"])
+    notes = []
+    if foreign:
+        notes.append(f"ignored the grading metadata of cells not in the assignment: {', '.join(foreign)}")
+    put_back = _put_back_deleted(nb, release)
+    if put_back:
+        notes.append(f"put back deleted cells: {', '.join(put_back)}")
+    return nbformat.writes(nb).encode(), "; ".join(notes)
 
 
-def collect(folder: Path, notebooks: dict[str, set[str]]) -> list[Submission]:
-    """Every student's submission in ``folder``; ``notebooks`` maps each notebook to its grade ids."""
+def collect(folder: Path, notebooks: dict[str, Path]) -> list[Submission]:
+    """Every student's submission in ``folder``; ``notebooks`` maps each notebook's name to its release version."""
     if not folder.is_dir():
         raise FileNotFoundError(f"submissions folder {folder} does not exist")
+    releases = {name: nbformat.read(path, as_version=4) for name, path in notebooks.items()}
     class_ = []
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith("."):
@@ -103,10 +135,10 @@ def collect(folder: Path, notebooks: dict[str, set[str]]) -> list[Submission]:
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
             continue
-        for name, grade_ids in notebooks.items():
+        for name, release in releases.items():
             if name not in files:
                 continue
-            cleaned, note = _clean(files[name], grade_ids)
+            cleaned, note = _clean(files[name], release)
             if cleaned is None:
                 submission.problems[name] = ("unreadable", note)
             else:

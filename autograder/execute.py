@@ -6,14 +6,14 @@ whole submission, passing cells included. This one records what happened instead
 - a cell that dies (the kernel crashed, ran out of memory or exited) or runs past the
   notebook's time limit gets an error output saying so, and every cell after it a
   "not run" error, so those test cells score 0 while the cells before keep their points;
-- answer cells flagged by the static screen (``screen.py``) fail every test cell after them;
-- the outcome (status, reason, seconds) goes to a small JSON file per notebook, from which
-  the grade table is written.
+- an answer cell flagged by the static screen (``screen.py``: it imports the reference) fails
+  its own exercise's test cell;
+- the outcome (status, reason, seconds) goes into the resources, for ``verdicts.RecordOutcome``
+  to write once the verdicts are in.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -21,34 +21,28 @@ from pathlib import Path
 
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, Unicode
+from traitlets import Bool, Integer
 
 from .sandbox import SandboxedKernelManager, SandboxPolicy
 from .screen import screen_notebook
+from .verdicts import error_output as _error
 
 
 class NotebookTimeout(Exception):
     pass
 
 
-def _error(ename: str, evalue: str) -> NotebookNode:
-    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-
-
 class SandboxedExecute(Execute):
     notebook_timeout = Integer(120, help="Seconds for the whole notebook, all cells together").tag(config=True)
     memory_limit = Integer(3 * 2**30, help="Bytes of address space for the kernel").tag(config=True)
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
-    state_dir = Unicode("", help="Where each notebook's outcome is written as JSON").tag(config=True)
 
     def create_kernel_manager(self):
         self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch)
         return self.km
 
     def preprocess(self, nb, resources, km=None):
-        ids = resources["nbgrader"]
         findings = screen_notebook(nb)
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
                                      use_bwrap=self.use_bwrap)
@@ -70,11 +64,12 @@ class SandboxedExecute(Execute):
         if stopped_at is not None:
             self._mark_not_run(stopped_at, reason)
         if findings:
-            self._fail_tests_after_flags(findings)
+            self._fail_flagged_exercises(findings)
             status, reason = "flagged", "; ".join(str(f) for f in findings)
         if status == "graded" and any(self._timed_out(c) for c in self.nb.cells):
             status, reason = "timeout", f"a cell ran past the {self.timeout} s limit per cell and was interrupted"
-        self._write_state(ids, status, reason, time.monotonic() - start)
+        self.resources["autograder_outcome"] = {"status": status, "reason": reason,
+                                                "seconds": round(time.monotonic() - start, 2)}
         return self.nb, self.resources
 
     def _run_cells(self, resources, deadline):
@@ -114,26 +109,15 @@ class SandboxedExecute(Execute):
             else:
                 cell.outputs = [_error("NotRun", f"not run: {reason}")]
 
-    def _fail_tests_after_flags(self, findings) -> None:
-        flagged = {f.cell for f in findings}
-        seen_flag = False
+    def _fail_flagged_exercises(self, findings) -> None:
+        """The first test cell after each flagged answer cell (its exercise's) fails, with the reason."""
+        flagged = {f.cell: f for f in findings}
+        pending = []
         for cell in self.nb.cells:
             meta = cell.metadata.get("nbgrader", {})
-            seen_flag = seen_flag or meta.get("grade_id") in flagged
-            if seen_flag and meta.get("grade") and cell.cell_type == "code":
-                reasons = "; ".join(str(f) for f in findings)
-                cell.outputs.append(_error("Flagged", f"no points: an answer reaches into the grader ({reasons})"))
-
-    def _write_state(self, ids, status: str, reason: str, seconds: float) -> None:
-        if not self.state_dir:
-            return
-        path = Path(self.state_dir) / ids["student"] / f"{ids['notebook']}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        failed = {}
-        for cell in self.nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            errors = [o.ename for o in cell.get("outputs", []) if o.output_type == "error"]
-            if meta.get("grade") and cell.cell_type == "code" and errors:
-                failed[meta["grade_id"]] = errors[0]
-        path.write_text(json.dumps({"status": status, "reason": reason, "failed": failed,
-                                    "seconds": round(seconds, 2)}))
+            if meta.get("grade_id") in flagged and not meta.get("grade"):
+                pending.append(flagged[meta["grade_id"]])
+            elif meta.get("grade") and cell.cell_type == "code" and pending:
+                reasons = "; ".join(str(f) for f in pending)
+                cell.outputs.append(_error("Flagged", f"no points for this exercise: {reasons}"))
+                pending = []

@@ -54,7 +54,9 @@ def nbgrader_config(s: Settings) -> Config:
     c.IgnorePattern.pattern = WARNING_PATTERN
     c.Autograde.autograde_preprocessors = [
         "autograder.execute.SandboxedExecute",
+        "autograder.verdicts.JudgeChecks",
         "nbgrader.preprocessors.IgnorePattern",
+        "autograder.verdicts.RecordOutcome",
         "nbconvert.preprocessors.ClearMetadataPreprocessor",
         "nbgrader.preprocessors.LimitOutput",
         "nbgrader.preprocessors.SaveAutoGrades",
@@ -65,7 +67,7 @@ def nbgrader_config(s: Settings) -> Config:
     c.SandboxedExecute.notebook_timeout = s.timeout
     c.SandboxedExecute.memory_limit = s.memory_bytes
     c.SandboxedExecute.use_bwrap = s.sandbox
-    c.SandboxedExecute.state_dir = str(s.output / "state")
+    c.RecordOutcome.state_dir = str(s.output / "state")
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
         "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
@@ -75,10 +77,12 @@ def nbgrader_config(s: Settings) -> Config:
     return c
 
 
-def _api(s: Settings):
+def _api(s: Settings, notebook: str = "*"):
     from nbgrader.apps import NbGraderAPI
 
-    return NbGraderAPI(config=nbgrader_config(s))
+    config = nbgrader_config(s)
+    config.CourseDirectory.notebook_id = notebook
+    return NbGraderAPI(config=config)
 
 
 def _tree_hash(folder: Path) -> str:
@@ -89,8 +93,10 @@ def _tree_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def prepare_course(s: Settings) -> dict[str, set[str]]:
-    """Copy solutions/ in as nbgrader's source and generate the assignment (only when it changed)."""
+def prepare_course(s: Settings) -> dict[str, Path]:
+    """Copy solutions/ in as nbgrader's source and generate the assignment (only when it changed).
+
+    Returns each notebook's generated release version, by name."""
     source = s.output / "course" / "source" / ASSIGNMENT
     solutions = REPO / "solutions" / ASSIGNMENT
     marker = s.output / "state" / "source.sha256"
@@ -103,29 +109,36 @@ def prepare_course(s: Settings) -> dict[str, set[str]]:
             raise RuntimeError(f"nbgrader generate_assignment failed:\n{result['log']}\n{result.get('error', '')}")
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(wanted)
-    return {p.stem: _grade_ids(p) for p in sorted(source.glob("*.ipynb"))}
+    release = s.output / "course" / "release" / ASSIGNMENT
+    return {p.stem: p for p in sorted(release.glob("*.ipynb"))}
 
 
-def _grade_ids(path: Path) -> set[str]:
-    cells = json.loads(path.read_text())["cells"]
-    return {c["metadata"]["nbgrader"]["grade_id"] for c in cells if "nbgrader" in c["metadata"]}
+def _grade_student(s: Settings, student: str, notebooks: list[str]) -> dict:
+    """One worker job: nbgrader autograde, then feedback, for one student.
 
-
-def _grade_student(s: Settings, student: str) -> dict:
-    """One worker job: nbgrader autograde, then feedback, for one student."""
+    nbgrader discards a student's whole assignment when it fails on any one notebook, so after
+    such a failure each notebook is autograded on its own: only the one that fails is lost.
+    """
     import warnings
 
     from sqlalchemy.exc import SAWarning
 
     warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's own session bookkeeping
-    api = _api(s)
-    result = api.autograde(ASSIGNMENT, student, force=True, create=True)
-    if result["success"]:
-        feedback = api.generate_feedback(ASSIGNMENT, student, force=True)
-        if not feedback["success"]:
-            result = {**feedback, "success": False}
-    return {"student": student, "success": result["success"], "log": result.get("log", ""),
-            "error": result.get("error", "")}
+    failed = {}
+    result = _api(s).autograde(ASSIGNMENT, student, force=True, create=True)
+    if not result["success"]:
+        for name in notebooks:
+            one = _api(s, name).autograde(ASSIGNMENT, student, force=True, create=True)
+            if not one["success"]:
+                failed[name] = _last_words(one)
+    feedback = _api(s).generate_feedback(ASSIGNMENT, student, force=True)
+    if not feedback["success"]:
+        failed["*"] = _last_words(feedback)
+    return {"student": student, "failed": failed}
+
+
+def _last_words(result: dict) -> str:
+    return ((result.get("error") or result.get("log") or "").strip().splitlines() or ["?"])[-1][-500:]
 
 
 def _stage(s: Settings, submission: Submission, notebooks) -> None:
@@ -159,6 +172,8 @@ def grade(submissions, output="grading", *, workers: int | None = None, timeout:
         memory_bytes=int(memory_gib * 2**30), sandbox=sandbox,
     )
     warn_if_unsandboxed(SandboxPolicy(use_bwrap=sandbox))
+    from alibi_ref.course import exercises  # noqa: F401  (the checks' definitions, loaded once before the workers fork)
+
     # nbgrader runs its database migrations with the `alembic` program of this environment
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -175,12 +190,13 @@ def grade(submissions, output="grading", *, workers: int | None = None, timeout:
         todo.append(submission)
 
     failures = _run(s, todo, progress)
-    report = Report.build(s, class_, notebooks, failures)
+    report = Report.build(s, class_, list(notebooks), failures)
     report.write()
     return report
 
 
-def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[str, str]:
+def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[str, dict[str, str]]:
+    """Grade ``todo`` in the worker pool: {student: {notebook (or "*" for all): why nbgrader failed}}."""
     from tqdm import tqdm
 
     failures = {}
@@ -189,18 +205,18 @@ def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[str, str]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=s.workers, mp_context=context) as pool, \
             tqdm(total=len(todo), desc="grading", unit="student", disable=not progress, file=sys.stderr) as bar:
-        jobs = {pool.submit(_grade_student, s, sub.student): sub.student for sub in todo}
+        jobs = {pool.submit(_grade_student, s, sub.student, sorted(sub.notebooks)): sub.student for sub in todo}
         for job in as_completed(jobs):
             student = jobs[job]
             try:
                 result = job.result()
             except Exception as err:  # a worker that died: record it, keep grading the others
-                result = {"student": student, "success": False, "error": repr(err), "log": ""}
-            if result["success"]:
+                result = {"student": student, "failed": {"*": repr(err)[-500:]}}
+            if result["failed"]:
+                failures[student] = result["failed"]
+            else:
                 done = s.output / "state" / student / "done.sha256"
                 done.write_text(by_name[student].digest + s.db_url)
-            else:
-                failures[student] = (result["error"] or result["log"])[-2000:]
             bar.set_postfix_str(student)
             bar.update()
     return failures

@@ -131,7 +131,146 @@ def students() -> dict[str, dict[str, object]]:
                                   "schema_version": 3, "solution": False, "task": False}
     pat.cells.append(bonus)
     s["pat"] = {"02_worked_example": pat}
+    s["quinn"] = honest_but_unusual()
+    s["rex"] = attacks()
+    # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
+    sam = filled("01_slopes_and_bias")
+    sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
+    s["sam"] = {"01_slopes_and_bias": sam, "02_worked_example": filled("02_worked_example")}
     return s
+
+
+def honest_but_unusual() -> dict:
+    """Correct answers written the way students write them: loops, float32, torch where NumPy was asked,
+    extra imports and output, local helpers, reused names, the old import name. Full marks everywhere."""
+    nbs = {name: filled(name) for name in NOTEBOOKS}
+    answer(nbs["01_slopes_and_bias"], "paper_slopes", (
+        "import math\nimport sys\nimport warnings\n\nprint('note: computing slopes', file=sys.stderr)\n\n\n"
+        "def paper_slopes(n_heads, max_bias=8.0):\n"
+        "    def geometric(n):\n"
+        "        return [2 ** (-max_bias * (h + 1) / n) for h in range(n)]\n\n"
+        "    p = 2 ** math.floor(math.log2(n_heads))\n"
+        "    slopes = geometric(p)\n"
+        "    if p < n_heads:\n"
+        "        slopes += geometric(2 * p)[0::2][: n_heads - p]\n"
+        "    return np.array(slopes, dtype=np.float32)\n"))
+    answer(nbs["01_slopes_and_bias"], "alibi_bias", (
+        "def alibi_bias(slopes, q_len, k_len=None, causal=False):\n"
+        "    k_len = q_len if k_len is None else k_len\n"
+        "    out = np.zeros((len(slopes), q_len, k_len), dtype=np.float32)\n"
+        "    for h, m in enumerate(slopes):\n"
+        "        for i in range(q_len):\n"
+        "            pos = i + k_len - q_len\n"
+        "            for j in range(k_len):\n"
+        "                out[h, i, j] = -np.inf if (causal and j > pos) else -m * abs(pos - j)\n"
+        "    return out\n"))
+    answer(nbs["02_worked_example"], "alibi_head", (
+        "def _scores(Qh, Kh):\n"
+        "    return Qh @ Kh.T / np.sqrt(Qh.shape[1])\n\n\n"
+        "def alibi_head(Qh, Kh, Vh, slope):\n"
+        "    N = len(Qh)\n"
+        "    i = np.arange(N)\n"
+        "    weights = softmax(_scores(Qh, Kh) - slope * np.abs(i[:, None] - i[None, :]))\n"
+        "    output = weights @ Vh\n"
+        "    return weights, output\n"))
+    answer(nbs["02_worked_example"], "sat_rows", (
+        "weights, output = alibi_head(Q[:, 0:2], K[:, 0:2], V[:, 0:2], 0.5)\n"
+        "sat_head1 = weights[2]\n"
+        "weights, output = alibi_head(Q[:, 2:4], K[:, 2:4], V[:, 2:4], 0.25)\n"
+        "sat_head2 = weights[2]\n"))
+    answer(nbs["04_causal"], "causal_alibi_scores", (
+        "Qh, Kh = Q[:, :2], K[:, :2]  # the same head 1, written again\n\n\n"
+        "def causal_alibi_scores(Qh, Kh, slope):\n"
+        "    N = Qh.shape[0]\n"
+        "    out = np.full((N, N), -np.inf)\n"
+        "    for i in range(N):\n"
+        "        for j in range(i + 1):\n"
+        "            out[i, j] = Qh[i] @ Kh[j] / np.sqrt(Qh.shape[1]) - slope * (i - j)\n"
+        "    return out\n"))
+    answer(nbs["04_causal"], "decode_step", (
+        "import torch\n\n\n"
+        "def softmax(x):  # my own, over the last axis\n"
+        "    return torch.softmax(torch.as_tensor(x), dim=-1)\n\n\n"
+        "def decode_step(q_new, K_cache, V_cache, slope):\n"
+        "    q, K_, V_ = (torch.as_tensor(x, dtype=torch.float64) for x in (q_new, K_cache, V_cache))\n"
+        "    t = K_.shape[0] - 1\n"
+        "    scores = K_ @ q / q.shape[0] ** 0.5 - slope * (t - torch.arange(t + 1))\n"
+        "    return softmax(scores) @ V_\n"))
+    answer(nbs["05_schedules"], "the_head1", (
+        "from alibi_ref import multi_head_alibi  # the name from before the course moved it\n\n"
+        "the_head1 = {}\n"
+        "for name, slopes in [('textbook', [0.5, 0.25]), ('linear', linear_slopes(2)),\n"
+        "                     ('constant', constant_slopes(2))]:\n"
+        "    out, w = multi_head_alibi(Q, K, V, 2, slopes)\n"
+        "    the_head1[name] = w[0, 0].astype(np.float32)\n"))
+    answer(nbs["07_pytorch"], "alibi_bias_torch", (
+        "def alibi_bias_torch(slopes, q_len, k_len, causal=False):\n"
+        "    i = torch.arange(q_len, device=slopes.device).float()[:, None] + (k_len - q_len)\n"
+        "    j = torch.arange(k_len, device=slopes.device).float()[None, :]\n"
+        "    bias = -slopes.float()[:, None, None] * (i - j).abs()  # float32 throughout\n"
+        "    if causal:\n"
+        "        bias = bias.masked_fill(j > i, float('-inf'))\n"
+        "    return bias.to(slopes.dtype)\n"))
+    answer(nbs["09_train_short_test_long"], "read_results", (
+        "def read_results(results):\n"
+        "    L = results['settings']['context']\n"
+        "    at = {}\n"
+        "    for method, row in results['perplexity'].items():\n"
+        "        at[method] = (row[str(L)], row[str(8 * L)])\n"
+        "    best, best_ppl = None, float('inf')\n"
+        "    for method, (_, late) in at.items():\n"
+        "        if isinstance(late, float) and late < best_ppl:\n"
+        "            best, best_ppl = method, late\n"
+        "    return at['alibi'][1] / at['alibi'][0], at['sinusoidal'][1] / at['sinusoidal'][0], best\n\n\n"
+        "alibi_ratio, sinusoidal_ratio, best_at_8L = read_results(results)\n"))
+    return nbs
+
+
+def attacks() -> dict:
+    """Answers that try to earn what they did not: each gets nothing for the trick."""
+    return {
+        # patches numpy and the judge itself (in the kernel, where nothing is judged), returns zeros: flagged
+        "01_slopes_and_bias": filled("01_slopes_and_bias", {"paper_slopes": [(
+            "def paper_slopes(n_heads, max_bias=8.0):",
+            "import alibi_ref.course.checks as c\n\n"
+            "np.testing.assert_allclose = lambda *a, **k: None\n"
+            "c.judge = lambda payload: c.Verdict(True, 'all pass')\n\n\n"
+            "def paper_slopes(n_heads, max_bias=8.0):\n    return np.zeros(n_heads)")]}),
+        # a wrong softmax, and a hook that hands the grader forged results after every cell: judged like any
+        "02_worked_example": filled("02_worked_example", {"softmax": [(
+            "def softmax(x):",
+            "from IPython.display import display\n\n\n"
+            "def _forge(result):\n"
+            "    fake = {'value': {'array': '', 'shape': [0], 'dtype': 'float64', 'device': 'cpu'}}\n"
+            "    display({'application/vnd.alibi-course.check+json': {'exercise': 'softmax', 'seed': None,\n"
+            "             'results': [fake] * 3}}, raw=True)\n\n\n"
+            "get_ipython().events.register('post_run_cell', _forge)\n\n\n"
+            "def softmax(x):\n    return np.ones_like(np.asarray(x, float)) / np.shape(x)[-1]"),
+        ]}),
+        # switches the guard off, then hands back the reference's answer
+        "03_slope_zero": filled("03_slope_zero", {"standard_attention": [(
+            "def standard_attention(Q, K, V, n_heads):",
+            "import sys\n\n\n"
+            "def standard_attention(Q, K, V, n_heads):\n"
+            "    sys.setprofile(None)\n"
+            "    return multi_head_alibi(Q, K, V, n_heads, slopes=np.zeros(n_heads))")]}),
+        # invented tokens that are all zeros: no point for the extension; row_change is right
+        "06_extrapolation": filled("06_extrapolation", {"ten_tokens": [(
+            "V10 = np.vstack([V, np.eye(5, 4)[::-1] * 0.5 + 0.25])",
+            "V10 = np.vstack([V, np.zeros((5, 4))])\nQ10, K10 = np.vstack([Q, np.zeros((5, 4))]), "
+            "np.vstack([K, np.zeros((5, 4))])")]}),
+        # "tiled" attention that builds nothing: neither its output nor its memory earns a point
+        "08_tiled": filled("08_tiled", {"tiled": [("    H, N, d = q.shape\n",
+                                                   "    return np.zeros(q.shape[:-1] + v.shape[-1:])\n")]}),
+        # the numbers copied from the printed table
+        "09_train_short_test_long": filled("09_train_short_test_long", {"read_results": [(
+            "    L = results[\"settings\"][\"context\"]\n",
+            "    return 1.05, 9.9, \"alibi\"\n")]}),
+    }
+
+
+def answer(nb, grade_id: str, source: str) -> None:
+    cell(nb, grade_id).source = source
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ class Report:
     pass_rates: dict[str, float] = field(default_factory=dict)  # "notebook/test cell" -> fraction passed
 
     @classmethod
-    def build(cls, s, class_, notebooks, failures: dict[str, str]) -> Report:
+    def build(cls, s, class_, notebooks, failures: dict[str, dict[str, str]]) -> Report:
         from nbgrader.api import Gradebook, MissingEntry
 
         report = cls(s.output, s.db_url, list(notebooks))
@@ -35,9 +35,10 @@ class Report:
                     if status == "graded" and state.get("failed"):
                         reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
                     score, max_score = 0.0, gb.find_notebook(name, ASSIGNMENT).max_code_score
-                    if submission.student in failures and status not in ("missing", "unreadable", "invalid"):
-                        status, reason = "error", "nbgrader could not grade this submission: " + (
-                            failures[submission.student].strip().splitlines() or ["?"])[-1]
+                    failed = failures.get(submission.student, {})
+                    why = failed.get(name) or failed.get("*")
+                    if why and status not in ("missing", "unreadable", "invalid"):
+                        status, reason = "error", f"nbgrader could not grade this notebook: {why}"
                     else:
                         try:
                             graded = gb.find_submission_notebook(name, ASSIGNMENT, submission.student)

@@ -55,10 +55,14 @@ def test_sample_class_scores_and_statuses(graded_sample_class):
 def test_reasons_say_what_happened(graded_sample_class):
     out, _, _ = graded_sample_class
     reasons = {(r["student"], r["notebook"]): r["reason"] for r in _rows(out / "grades.csv")}
-    assert "test_paper_slopes (AssertionError)" in reasons["cy", "01_slopes_and_bias"]
+    cy = reasons["cy", "01_slopes_and_bias"]
+    assert "test_paper_slopes (CheckFailed: paper_slopes(12): 12 of 12 entries are off" in cy
+    assert "Hint: for a head count that is not a power of two" in cy
     assert "MemoryError" in reasons["max", "03_slope_zero"]
     assert "kernel died" in reasons["hal", "02_worked_example"]
-    assert "changes an attribute of the module np" in reasons["oli", "02_worked_example"]
+    assert "changes c, which comes from alibi_ref" in reasons["rex", "01_slopes_and_bias"]
+    assert "switches the profiler" in reasons["rex", "03_slope_zero"]
+    assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
     assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
     assert "bonus" in reasons["pat", "02_worked_example"]
     assert reasons["ada", "03_slope_zero"] == ""
@@ -82,11 +86,19 @@ def test_feedback_never_shows_hidden_tests(graded_sample_class):
     assert pages
     for page in pages:
         text = page.read_text()
-        for secret in ("BEGIN HIDDEN TESTS", "_forbid(", "import alibi_ref as _ref", "_ref.get_slopes", "_cases = "):
+        for secret in ("BEGIN HIDDEN TESTS", "hidden="):
             assert secret not in text, f"{page.relative_to(out)} shows {secret!r}"
+    # the values the kernels handed back are read by the grader, then removed from the notebooks
+    for graded in (out / "course" / "autograded").rglob("*.ipynb"):
+        outputs = [o for c in nbformat.read(graded, as_version=4).cells for o in c.get("outputs", [])]
+        assert not any("application/vnd.alibi-course.check+json" in o.get("data", {}) for o in outputs), graded
     # a failing hidden test still says what failed, by its message only
     kim = (out / "feedback" / "kim" / "01_slopes_and_bias.html").read_text()
     assert "calls alibi_ref.slopes.get_slopes" in kim
+    # a mistake is named in the feedback, and a downstream exercise says it was graded with a correct upstream
+    assert "queries sit at the start of the keys" in (out / "feedback" / "gus" / "01_slopes_and_bias.html").read_text()
+    oli = (out / "feedback" / "oli" / "02_worked_example.html").read_text()
+    assert "with a correct softmax in place of yours" in oli
 
 
 @needs_bwrap
@@ -220,52 +232,15 @@ print("spawned")
 
 # ----------------------------------------------------------------------------- static screening
 
-def _release_with(answer_id: str, source: str, name="02_worked_example"):
-    nb = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
-    next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == answer_id).source = source
-    return nb
-
-
 def test_the_solutions_are_not_flagged():
     for path in SOLUTIONS.glob("*.ipynb"):
         assert screen_notebook(nbformat.read(path, as_version=4)) == [], path.name
 
 
-@pytest.mark.parametrize(("source", "reason"), [
-    ("np.testing.assert_allclose = lambda *a, **k: None", "changes an attribute of the module np"),
-    ("import numpy.testing as t\nt.assert_allclose = print", "changes an attribute of the module t"),
-    ("def assert_close(*a, **k):\n    pass", "rebinds assert_close"),
-    ("from alibi_ref import multi_head_alibi", "imports alibi_ref"),
-    ("import sys\nsys.setprofile(None)", "imports sys"),
-    ("setattr(np.testing, 'assert_allclose', print)", "calls setattr()"),
-    ("exec('x = 1')", "calls exec()"),
-    ("getattr(np, 'testing').__dict__['assert_allclose'] = print", "special attribute __dict__"),
-    ("Q = Q * 0", "rebinds Q"),
-    ("def softmax(x):\n    global tokens\n    return x", "declares tokens global"),
-    ("def softmax(x):\n    print(In[-1])\n    return x", "reads IPython's history (In)"),
-    ("def softmax(x):\n    return get_ipython().user_ns", "reads IPython's history (get_ipython)"),
-    ("def softmax(x):\n    g = (i for i in [0])\n    return g.gi_frame.f_back", "inspects the interpreter"),
-    ("def softmax(x):\n    return _i3", "reads IPython's history (_i3)"),
-])
-def test_tampering_is_flagged(source, reason):
-    findings = screen_notebook(_release_with("softmax", source))
-    assert any(reason in str(f) for f in findings), [str(f) for f in findings]
-
-
-@pytest.mark.parametrize("source", [
-    "import numpy as np\n\ndef softmax(x):\n    e = np.exp(x - x.max(-1, keepdims=True))\n"
-    "    return e / e.sum(-1, keepdims=True)",
-    "import warnings\n\ndef softmax(x):\n    warnings.warn('hi')\n    weights = x\n    return weights",
-    "def softmax(x):\n    out = np.array(x, dtype=float)\n    out[...] = 0\n    return out",
-])
-def test_ordinary_answers_are_not_flagged(source):
-    assert screen_notebook(_release_with("softmax", source)) == []
-
-
 # ----------------------------------------------------------------------------- collecting submissions
 
 def test_collect_reads_folders_zips_and_nbgrader_layout(tmp_path):
-    ids = {"02_worked_example": {"softmax", "test_softmax"}}
+    ids = {"02_worked_example": RELEASE / "02_worked_example.ipynb"}
     good = (SAMPLE / "submissions" / "ada" / "alibi" / "02_worked_example.ipynb").read_bytes()
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "02_worked_example.ipynb").write_bytes(good)
@@ -289,8 +264,7 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     nb = nbformat.read(SAMPLE / "submissions" / "pat" / "alibi" / "02_worked_example.ipynb", as_version=4)
     (tmp_path / "pat").mkdir()
     nbformat.write(nb, tmp_path / "pat" / "02_worked_example.ipynb")
-    grade_ids = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata} - {"bonus"}
-    (submission,) = collect(tmp_path, {"02_worked_example": grade_ids})
+    (submission,) = collect(tmp_path, {"02_worked_example": RELEASE / "02_worked_example.ipynb"})
     cleaned = nbformat.reads(submission.notebooks["02_worked_example"].decode(), as_version=4)
     assert all(c.metadata.get("nbgrader", {}).get("grade_id") != "bonus" for c in cleaned.cells)
     assert "bonus" in submission.notes["02_worked_example"]

@@ -5,6 +5,7 @@ look at. Where chromium or Playwright is missing the tests are skipped and say w
 """
 
 import contextlib
+import csv
 import os
 import re
 import shutil
@@ -96,6 +97,8 @@ def _dismiss_popups(page) -> None:
 
 
 def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
+    """A student answers two exercises (one right, one with a classic mistake), sees the checks' verdicts,
+    validates, and grading the saved notebook gives the same verdicts."""
     page = browser_page
     shutil.copytree(ROOT / "course", tmp_path / "course")
     with jupyterlab(tmp_path / "course") as url:
@@ -131,7 +134,7 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
             return page.locator(".jp-CodeCell").filter(has=page.locator(".cm-content", has_text=source_text))
 
         answer = code_cell("def paper_slopes")
-        test_cell = code_cell("assert_close(paper_slopes(8)")
+        test_cell = code_cell('check("paper_slopes", paper_slopes)')
         expect(test_cell.locator(".jp-OutputArea")).to_contain_text("NotImplementedError")
 
         # type a correct answer, run it and its test cell
@@ -147,9 +150,22 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
             "    return np.concatenate([geometric(p), geometric(2 * p)[0::2][: n_heads - p]])\n")
         page.keyboard.press("Shift+Enter")
         page.keyboard.press("Shift+Enter")
-        expect(test_cell.locator(".jp-OutputArea")).to_contain_text("paper_slopes: all visible checks pass")
+        expect(test_cell.locator(".jp-OutputArea")).to_contain_text("paper_slopes: 4 visible checks pass")
         test_cell.scroll_into_view_if_needed()
         shot(page, "student-4-answer-passes")
+
+        # a classic mistake: the exponents start at 0. The check names it, without giving the answer away
+        wrong = code_cell("def textbook_slopes")
+        wrong.locator(".cm-content").click()
+        page.keyboard.press("Control+a")
+        page.keyboard.insert_text("def textbook_slopes(n_heads):\n    return 0.5 ** np.arange(n_heads)\n")
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.press("Shift+Enter")
+        verdict = code_cell('check("textbook_slopes", textbook_slopes)').locator(".jp-OutputArea")
+        expect(verdict).to_contain_text("Hint: the exponents start at 0")
+        mistake = "textbook_slopes(2): 2 of 2 entries are off. Worst: [0] expected 0.5, got 1"
+        expect(verdict).to_contain_text(mistake)
+        shot(page, "student-4b-mistake-named")
 
         # nbgrader's Validate, from the notebook's toolbar
         page.keyboard.press("Control+s")
@@ -159,9 +175,21 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
         expect(dialog).not_to_contain_text("Validating", timeout=120_000)
         shot(page, "student-5-validated")
         text = dialog.inner_text()
-        # the exercises left open fail validation; the one answered does not
-        assert "textbook_slopes" in text or "NotImplementedError" in text, text[:2000]
-        assert "paper_slopes(8): largest difference" not in text
+        # Validate gives the checks' own verdicts: the mistake with its message, the right answer not at all
+        assert mistake in text, text[:2000]
+        assert "paper_slopes(" not in text, text[:2000]
+
+    # grading the saved notebook reaches the same verdicts, outside the kernel
+    from autograder.grade import grade
+
+    submitted = tmp_path / "submissions" / "student"
+    submitted.mkdir(parents=True)
+    shutil.copy(tmp_path / "course" / "alibi" / "01_slopes_and_bias.ipynb", submitted)
+    grade(tmp_path / "submissions", tmp_path / "grading", cell_timeout=20, timeout=60, workers=1, progress=False)
+    with open(tmp_path / "grading" / "grades.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["notebook"] == "01_slopes_and_bias")
+    assert f"test_textbook_slopes (CheckFailed: {mistake}" in row["reason"], row["reason"]
+    assert "test_paper_slopes" not in row["reason"] and float(row["score"]) == 3.0, row
 
 
 def test_instructor_sees_the_graded_class_in_formgrader(graded_sample_class, browser_page):

@@ -65,8 +65,30 @@ def test_solution_earns_full_autograded_marks(course, name):
 def test_release_hides_solutions_and_hidden_tests():
     for path in RELEASE.glob("*.ipynb"):
         text = path.read_text()
-        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "import alibi_ref as _ref", "_forbid("):
+        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "hidden="):
             assert marker not in text, f"{path.name} contains {marker!r}"
+
+
+def test_every_test_cell_says_its_points_and_runs_registered_checks():
+    import re
+
+    from alibi_ref.course import exercises  # noqa: F401  (registers every exercise)
+    from alibi_ref.course.checks import EXERCISES, cases
+    from autograder.verdicts import check_calls
+
+    for path in SOLUTIONS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if not (meta.get("grade") and cell.cell_type == "code"):
+                continue
+            points = meta["points"]
+            first = cell.source.splitlines()[0]
+            assert re.fullmatch(rf"# .+: {points:g} points?", first), f"{path.name} {meta['grade_id']}: {first!r}"
+            calls = check_calls(cell.source)
+            assert calls and {n for n, _ in calls} <= set(EXERCISES), (path.name, calls)
+            for name, seed in calls:
+                assert cases(name, seed), f"{name} with seed {seed} has no cases"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -4,14 +4,16 @@
     chapter    ``multi_head_alibi``, the chapter's (N, d_model) interface
     explain    the chapter's per-query trace
     plots      drawing functions and widgets shared by the notebooks and scripts
-    grading    what the notebooks' test cells use
+    checks     what the notebooks' test cells call: run the answer, judge it here or in the grader
+    exercises  every autograded exercise: its cases, its reference, the classic mistakes it names
+    harness    how a check calls answers that are not plain functions (kernel side)
 
 It imports the library (``alibi_ref``) and the lab (``alibi_ref.lab``); neither imports it.
 """
 
-from . import examples, grading, plots
+from . import checks, examples, plots
 from .chapter import multi_head_alibi
 from .examples import cat_sat_on_mat
 from .explain import explain
 
-__all__ = ["cat_sat_on_mat", "examples", "explain", "grading", "multi_head_alibi", "plots"]
+__all__ = ["cat_sat_on_mat", "checks", "examples", "explain", "multi_head_alibi", "plots"]

@@ -1,0 +1,744 @@
+"""Every autograded exercise of the course: its cases, its reference, the classic mistakes it names.
+
+Visible cases are the ones a student's test cell runs; hidden ones are drawn from a seed that
+only the instructor's notebook holds. References and mistakes run in the grader's process (and in
+the student's kernel for the visible cases, outside the answer's guard). Tolerances are stated
+per case; ``checks.FLOAT32_SLACK`` comes on top unless a case is ``exact``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
+from .chapter import multi_head_alibi
+from .checks import Case, Exercise, Expect, Leaf, Mistake, exercise
+from .examples import cat_sat_on_mat
+from .harness import peak_and_output, score_mod_outputs
+
+EXAMPLE = cat_sat_on_mat()
+Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
+
+
+# ----------------------------------------------------------------------------- the mistakes, in one place
+
+def variant_bias(slopes, q_len: int, k_len: int, causal: bool = False, *, sign=-1.0, align="end",
+                 triangle="upper", key_only=False):
+    """The (H, q_len, k_len) bias with one classic mistake switched on; every flag at its default is ALiBi's."""
+    slopes = np.asarray(slopes, dtype=np.float64)[:, None, None]  # (H, 1, 1)
+    i = np.arange(q_len)[:, None] + (k_len - q_len if align == "end" else 0)  # the queries' positions
+    j = np.arange(k_len)[None, :]
+    bias = slopes * j + 0.0 * i if key_only else sign * slopes * np.abs(i - j)
+    if causal:
+        bias = np.where((j > i) if triangle == "upper" else (j < i), -np.inf, bias)
+    return bias
+
+
+def attention_variant(q, k, v, slopes, *, causal=False, scale=True, bias_scaled=False, axis=-1, bool_mask=False,
+                      **bias_flags):
+    """ALiBi attention with one classic mistake switched on: (output (..., H, i, d_v), weights (..., H, i, j)).
+
+    q (..., H, i, d), k and v (..., H, j, d); every flag at its default is ALiBi's attention.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    root = np.sqrt(q.shape[-1])
+    scores = q @ np.swapaxes(k, -1, -2) / (root if scale else 1.0)  # (..., H, i, j)
+    bias = variant_bias(slopes, q.shape[-2], k.shape[-2], causal, **bias_flags)
+    if bool_mask:  # nn.MultiheadAttention reads True as "may not attend": the bias as bool is True off the diagonal
+        scores = np.where(bias != 0, -np.inf, scores)
+    else:
+        scores = scores + (bias / root if bias_scaled else bias)
+    weights = softmax(scores, axis=axis)
+    return weights @ v, weights
+
+
+def softmax(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+ATTENTION_MISTAKES = {  # hint -> the flag that makes it
+    "the scores are not divided by sqrt(d) (the chapter's step 2)": {"scale": False},
+    "the ALiBi bias is divided by sqrt(d) too: the bias goes in after the scaling, unscaled": {"bias_scaled": True},
+    "the bias has the wrong sign: it should penalise distance, -m * |i - j|": {"sign": 1.0},
+    "softmax runs over the queries (axis -2): each query's weights over the keys (the last axis) should sum to 1":
+        {"axis": -2},
+    "the queries sit at the start of the keys: with fewer queries than keys they are the last positions, "
+    "i + (k_len - q_len)": {"align": "start"},
+    "the causal mask hides the wrong triangle: keys j > i are the future": {"triangle": "lower"},
+}
+
+
+def attention_mistakes(make, flags=ATTENTION_MISTAKES):
+    """Mistake objects from ``make(**flags)``, a function with the exercise's signature."""
+    return tuple(Mistake(hint, make(**f)) for hint, f in flags.items())
+
+
+def _pick(flags: dict, names) -> dict:
+    return {k: v for k, v in flags.items() if any(n in k for n in names)}
+
+
+# ----------------------------------------------------------------------------- 01: slopes and the bias
+
+def _paper_prose(n_heads, max_bias=8.0):
+    return 2.0 ** (-max_bias * np.arange(1, n_heads + 1) / n_heads)
+
+
+def _shifted(n_heads, max_bias=8.0):
+    return get_slopes(n_heads, max_bias=max_bias) * 2.0 ** (max_bias / 2 ** int(np.floor(np.log2(n_heads))))
+
+
+exercise(Exercise(
+    "paper_slopes",
+    visible=lambda: [*(Case(f"paper_slopes({n})", (n,), atol=1e-12) for n in (8, 2, 12)),
+                     Case("paper_slopes(4, max_bias=4.0)", (4,), {"max_bias": 4.0}, atol=1e-12)],
+    hidden=lambda rng: [Case(f"paper_slopes({n}, max_bias={mb})", (n,), {"max_bias": mb}, atol=1e-12, rtol=1e-10)
+                        for n in (1, 3, 5, 6, 7, 10, 16, 24, 40, 64, 100) for mb in (8.0, float(rng.choice([4, 12])))],
+    reference=lambda n, max_bias=8.0: get_slopes(n, max_bias=max_bias),
+    mistakes=(
+        Mistake("for a head count that is not a power of two this is one geometric sequence 2^(-8h/H); the official "
+                "code takes the power of two below H, then every other slope of twice that (section 1.1)",
+                _paper_prose),
+        Mistake("the slopes are shifted by one head: h runs from 1 to H, so the first slope is 2^(-8/H), not 1",
+                _shifted),
+        Mistake("these are the chapter's 1/2^h, not the paper's schedule",
+                lambda n, max_bias=8.0: 0.5 ** np.arange(1, n + 1)),
+    ),
+))
+
+exercise(Exercise(
+    "textbook_slopes",
+    visible=lambda: [Case(f"textbook_slopes({n})", (n,), atol=1e-15) for n in (2, 8)],
+    hidden=lambda rng: [Case(f"textbook_slopes({n})", (n,), atol=1e-15) for n in (1, 3, 12, int(rng.integers(20, 40)))],
+    reference=lambda n: get_slopes(n, "textbook"),
+    mistakes=(Mistake("the exponents start at 0: the chapter's first slope is 1/2^1", lambda n: 0.5 ** np.arange(n)),),
+))
+
+
+def _bias_variant(**flags):
+    return lambda slopes, q_len, k_len=None, causal=False: variant_bias(slopes, q_len, k_len or q_len, causal, **flags)
+
+
+def _bias_cases(rng):
+    chosen = []
+    for _ in range(12):
+        H, q = int(rng.integers(1, 13)), int(rng.integers(1, 20))
+        chosen.append((rng.uniform(0, 1, H), q, q + int(rng.integers(0, 20)), bool(rng.integers(0, 2))))
+    chosen += [(get_slopes(12), 9, 9, False), (get_slopes(6), 1, 30, True)]
+    return [Case(f"alibi_bias(<{len(s)} slopes>, {q}, {k}, causal={c})", (s, q, k), {"causal": c}, atol=1e-12)
+            for s, q, k, c in chosen]
+
+
+_BIAS_MISTAKES = _pick(ATTENTION_MISTAKES, ("sign", "start of the keys", "triangle"))
+
+exercise(Exercise(
+    "alibi_bias",
+    visible=lambda: [
+        Case("alibi_bias([0.5, 0.25], 5)", ([0.5, 0.25], 5), atol=1e-12),
+        Case("alibi_bias([0.5], 4, causal=True)", ([0.5], 4), {"causal": True}, atol=1e-12),
+        Case("alibi_bias([1.0], 1, 7): one decoding query against 7 keys", ([1.0], 1, 7), atol=1e-12),
+        Case("alibi_bias([1.0], 2, 4, causal=True)", ([1.0], 2, 4), {"causal": True}, atol=1e-12),
+    ],
+    hidden=_bias_cases,
+    reference=lambda slopes, q_len, k_len=None, causal=False: alibi_bias(np.asarray(slopes, float), q_len, k_len,
+                                                                         causal=causal),
+    mistakes=tuple(Mistake(h, _bias_variant(**f)) for h, f in _BIAS_MISTAKES.items()),
+))
+
+
+# ----------------------------------------------------------------------------- 02: the worked example
+
+exercise(Exercise(
+    "softmax",
+    visible=lambda: [Case("softmax([0, 0])", ([0.0, 0.0],), atol=1e-12),
+                     Case("softmax([1000, 1000, -inf]) (overflow? masked entry?)", ([1000.0, 1000.0, -np.inf],),
+                          atol=1e-12),
+                     Case("softmax of a 2x2 array (over each row)", ([[1.0, 2.0], [3.0, 3.0]],), atol=1e-12)],
+    hidden=lambda rng: [Case("softmax of a (3, 4, 7) array", (rng.normal(scale=30, size=(3, 4, 7)),), atol=1e-12)],
+    reference=lambda x: softmax(x),
+    mistakes=(Mistake("softmax runs over the wrong axis: each row (the last axis) should sum to 1",
+                      lambda x: softmax(x, axis=0)),
+              Mistake("exp overflows for large scores: subtract each row's maximum first (softmax does not change)",
+                      lambda x: np.exp(np.asarray(x, float)) / np.exp(np.asarray(x, float)).sum(-1, keepdims=True))),
+))
+
+
+def _head(q, k, v, slope, **flags):
+    out, weights = attention_variant(q[None], k[None], v[None], [slope], **flags)
+    return weights[0], out[0]
+
+
+def _columns(start: int, stop: int):
+    """Qh, Kh, Vh: one head of the chapter's example."""
+    return Q[:, start:stop], K[:, start:stop], V[:, start:stop]
+
+
+def alibi_head_reference(Qh, Kh, Vh, slope):
+    """One head of the chapter's ALiBi: (weights (N, N), output (N, d_v))."""
+    out, weights = alibi_attention(np.asarray(Qh, float)[None], np.asarray(Kh, float)[None],
+                                   np.asarray(Vh, float)[None], [float(slope)], return_weights=True)
+    return weights[0], out[0]
+
+
+_HEAD_MISTAKES = _pick(ATTENTION_MISTAKES, ("sqrt(d)", "sign", "axis"))
+
+
+def _head_cases(rng):
+    chosen = []
+    for N, d, dv, m in [(1, 3, 2, 0.5), (9, 4, 3, 0.0), (17, 8, 8, 0.125), (6, 1, 5, 2.0)]:
+        chosen.append(Case(f"alibi_head on N={N}, d_k={d}, d_v={dv}, slope={m}",
+                           (rng.normal(size=(N, d)), rng.normal(size=(N, d)), rng.normal(size=(N, dv)), m)))
+    return chosen
+
+
+exercise(Exercise(
+    "alibi_head",
+    visible=lambda: [Case("alibi_head(head 1 of the chapter's example, slope 1/2)", (*_columns(0, 2), 0.5)),
+                     Case("alibi_head(head 2 of the chapter's example, slope 1/4)", (*_columns(2, 4), 0.25))],
+    hidden=_head_cases,
+    reference=alibi_head_reference,
+    mistakes=tuple(Mistake(h, lambda q, k, v, m, f=f: _head(q, k, v, m, **f)) for h, f in _HEAD_MISTAKES.items()),
+    upstream=("softmax",),
+))
+
+
+def _multi_head_variant(**flags):
+    def multi(Q_, K_, V_, slopes):
+        H = len(slopes)
+        def split(x):
+            return np.asarray(x, float).reshape(x.shape[0], H, -1).swapaxes(0, 1)
+        out, weights = attention_variant(split(Q_), split(K_), split(V_), slopes, **flags)
+        return out.swapaxes(0, 1).reshape(Q_.shape[0], -1), weights
+
+    return multi
+
+
+def _multi_cases(rng):
+    chosen = []
+    for N, H, dk in [(7, 3, 2), (4, 8, 1), (12, 4, 5)]:
+        q, k, v = (rng.normal(size=(N, H * dk)) for _ in range(3))
+        chosen.append(Case(f"multi_head on N={N}, {H} heads, the paper's slopes", (q, k, v, get_slopes(H))))
+    return chosen
+
+
+exercise(Exercise(
+    "multi_head",
+    visible=lambda: [Case("multi_head(Q, K, V, [0.5, 0.25]): the chapter's example", (Q, K, V, [0.5, 0.25]))],
+    hidden=_multi_cases,
+    reference=lambda Q_, K_, V_, slopes: multi_head_alibi(Q_, K_, V_, len(slopes), slopes),
+    mistakes=tuple(Mistake(h, _multi_head_variant(**f)) for h, f in _HEAD_MISTAKES.items()),
+    upstream=("alibi_head", "softmax"),
+))
+
+
+class SumsTo(Expect):
+    def __init__(self, total: float):
+        self.total = total
+
+    def check(self, got, case, at):
+        if not isinstance(got, Leaf) or got.values is None:
+            return f"{at}expected numbers"
+        total = float(got.values.sum())
+        return None if abs(total - self.total) <= 1e-9 + 2e-5 else f"{at}sums to {total:.6g}, expected {self.total}"
+
+
+_SAT = 2  # "sat" is the third token
+
+exercise(Exercise(
+    "sat_rows",
+    visible=lambda: [Case("sat_head1", ("sat_head1",), expected=alibi_head_reference(*_columns(0, 2), 0.5)[0][_SAT]),
+                     Case("the sum of sat_head2", ("sat_head2",), expected=SumsTo(1.0))],
+    hidden=lambda rng: [Case("sat_head2", ("sat_head2",),
+                             expected=alibi_head_reference(*_columns(2, 4), 0.25)[0][_SAT])],
+    reference=None,
+))
+
+
+# ----------------------------------------------------------------------------- 03: slope zero
+
+def _standard_cases(rng):
+    return [Case(f"standard_attention on N={N}, {H} heads", (*(rng.normal(size=(N, H * dk)) for _ in range(3)), H))
+            for N, H, dk in [(6, 3, 2), (11, 2, 4), (1, 1, 3)]]
+
+
+def standard_reference(Q_, K_, V_, n_heads):
+    return multi_head_alibi(Q_, K_, V_, n_heads, slopes=np.zeros(n_heads))
+
+
+exercise(Exercise(
+    "standard_attention",
+    visible=lambda: [Case("standard_attention(Q, K, V, 2): the chapter's example", (Q, K, V, 2))],
+    hidden=_standard_cases,
+    reference=standard_reference,
+    mistakes=tuple(Mistake(h, lambda Q_, K_, V_, n, f=f: _multi_head_variant(**f)(Q_, K_, V_, np.zeros(n)))
+                   for h, f in _pick(ATTENTION_MISTAKES, ("sqrt(d) (the", "axis")).items()),
+))
+
+exercise(Exercise(
+    "slope_zero",
+    visible=lambda: [Case("alibi_zero_output (ALiBi with both slopes 0)", ("alibi_zero_output",),
+                          expected=standard_reference(Q, K, V, 2)[0]),
+                     Case("max_difference", ("max_difference",), expected=0.0, atol=1e-12)],
+    hidden=lambda rng: [],
+    reference=None,
+))
+
+
+# ----------------------------------------------------------------------------- 04: causal
+
+_HEAD1 = (Q[:, 0:2], K[:, 0:2])
+
+
+def _scaled(Qh, Kh, scale=True):
+    """One head's scores q_i . k_j / sqrt(d) (the chapter's steps 1 and 2), (N, N)."""
+    q, k = np.asarray(Qh, float), np.asarray(Kh, float)
+    return q @ k.T / (np.sqrt(q.shape[1]) if scale else 1.0)
+
+
+def _scores_variant(scale=True, **flags):
+    return lambda Qh, Kh, slope: _scaled(Qh, Kh, scale) + variant_bias([slope], len(Qh), len(Kh), True, **flags)[0]
+
+
+def causal_scores_reference(Qh, Kh, slope):
+    return _scaled(Qh, Kh) + alibi_bias([float(slope)], len(Qh), causal=True)[0]
+
+
+def _symmetric(Qh, Kh, slope):
+    return _scaled(Qh, Kh) + alibi_bias([float(slope)], len(Qh))[0]
+
+
+def _score_cases(name, rng, shapes):
+    return [Case(f"{name} on N={N}, d_k={d}, slope={m}", (rng.normal(size=(N, d)), rng.normal(size=(N, d)), m))
+            for N, d, m in shapes]
+
+
+exercise(Exercise(
+    "causal_alibi_scores",
+    visible=lambda: [Case("causal_alibi_scores(Qh, Kh, 0.5): head 1 of the chapter", (*_HEAD1, 0.5))],
+    hidden=lambda rng: _score_cases("causal_alibi_scores", rng, [(1, 2, 0.5), (8, 3, 0.25), (13, 5, 0.7071)]),
+    reference=causal_scores_reference,
+    mistakes=(Mistake("this is the symmetric score: causal attention masks the future (-inf where j > i)", _symmetric),
+              *(Mistake(h, _scores_variant(**f)) for h, f in
+                _pick(ATTENTION_MISTAKES, ("sqrt(d) (the", "sign", "triangle")).items())),
+))
+
+
+def key_only_reference(Qh, Kh, slope):
+    return _scaled(Qh, Kh) + key_only_bias([float(slope)], len(Qh))[0]
+
+
+exercise(Exercise(
+    "key_only_scores",
+    visible=lambda: [Case("key_only_scores(Qh, Kh, 0.5): head 1 of the chapter", (*_HEAD1, 0.5))],
+    hidden=lambda rng: _score_cases("key_only_scores", rng, [(1, 2, 0.5), (9, 4, 0.125), (16, 2, 1.0)]),
+    reference=key_only_reference,
+    mistakes=(Mistake("this is the relative form -m * (i - j); the key-only form adds +m * j", causal_scores_reference),
+              Mistake("the key-only form needs the causal mask (-inf where j > i): without it the weights differ",
+                      lambda Qh, Kh, m: _scaled(Qh, Kh) + variant_bias([m], len(Qh), len(Kh), key_only=True)[0])),
+))
+
+
+def decode_reference(q_new, K_cache, V_cache, slope):
+    out = alibi_attention(np.asarray(q_new, float)[None, None], np.asarray(K_cache, float)[None],
+                          np.asarray(V_cache, float)[None], [float(slope)], causal=True)
+    return out[0, 0]
+
+
+def _decode_from_start(q_new, K_cache, V_cache, slope):
+    q, k, v = (np.asarray(x, float) for x in (q_new, K_cache, V_cache))
+    return softmax(k @ q / np.sqrt(len(q)) - slope * np.arange(len(k))) @ v
+
+
+def _decode_cases(rng):
+    return [Case(f"decode_step with {T} cached tokens, d={d}, d_v={dv}, slope={m}",
+                 (rng.normal(size=(d,)), rng.normal(size=(T, d)), rng.normal(size=(T, dv)), m))
+            for T, d, dv, m in [(1, 2, 2, 0.5), (12, 4, 3, 0.25), (30, 8, 5, 0.0625)]]
+
+
+exercise(Exercise(
+    "decode_step",
+    visible=lambda: [Case(f"decode_step for {EXAMPLE.tokens[t]!r} (row {t} of causal attention)",
+                          (Q[t, 0:2], K[: t + 1, 0:2], V[: t + 1, 0:2], 0.5)) for t in range(5)],
+    hidden=_decode_cases,
+    reference=decode_reference,
+    mistakes=(Mistake("the new query is treated as position 0: it is the last position of the cache, so the "
+                      "penalty is m * (t - j), largest for the oldest key", _decode_from_start),
+              Mistake("the bias has the wrong sign: it should penalise distance",
+                      lambda q, k, v, m: decode_reference(q, k, v, -m)),
+              Mistake("the scores are not divided by sqrt(d)",
+                      lambda q, k, v, m: decode_reference(np.asarray(q, float) * np.sqrt(len(q)), k, v, m))),
+))
+
+
+# ----------------------------------------------------------------------------- 05: schedules
+
+exercise(Exercise(
+    "linear_slopes",
+    visible=lambda: [Case(f"linear_slopes({n})", (n,), atol=1e-15) for n in (2, 4)],
+    hidden=lambda rng: [Case(f"linear_slopes({n})", (n,), atol=1e-15) for n in (1, 5, 12, int(rng.integers(13, 30)))],
+    reference=lambda n: get_slopes(n, "linear"),
+    mistakes=(Mistake("the slopes run the wrong way: head 1 is the steepest, (H - h + 1) / H",
+                      lambda n: get_slopes(n, "linear")[::-1]),),
+))
+
+exercise(Exercise(
+    "constant_slopes",
+    visible=lambda: [Case("constant_slopes(3)", (3,), atol=1e-15)],
+    hidden=lambda rng: [Case(f"constant_slopes({n}, value=0.1)", (n,), {"value": 0.1}, atol=1e-15) for n in (1, 5, 12)],
+    reference=lambda n, value=0.25: get_slopes(n, "constant", constant=value),
+))
+
+
+def _first_row(slopes):
+    return multi_head_alibi(Q, K, V, 2, slopes)[1][0, 0]
+
+
+class Keys(Expect):
+    def __init__(self, keys):
+        self.keys = sorted(keys)
+
+    def check(self, got, case, at):
+        return None if isinstance(got, dict) and sorted(got) == self.keys else (
+            f"{at}expected a dict with the keys {self.keys}")
+
+
+exercise(Exercise(
+    "the_head1",
+    visible=lambda: [Case("the keys of the_head1", ("the_head1",), expected=Keys(["constant", "linear", "textbook"])),
+                     Case("the_head1['textbook']", ("the_head1", "textbook"), expected=_first_row([0.5, 0.25]))],
+    hidden=lambda rng: [Case(f"the_head1[{name!r}]", ("the_head1", name), expected=_first_row(get_slopes(2, name)))
+                        for name in ("linear", "constant")],
+    reference=None,
+))
+
+
+# ----------------------------------------------------------------------------- 06: extrapolation
+
+class Extension(Expect):
+    """Ten rows: the chapter's five unchanged, then five invented ones, distinct and not all zero."""
+
+    def __init__(self, original):
+        self.original = np.asarray(original, dtype=np.float64)
+
+    def check(self, got, case, at):
+        if not isinstance(got, Leaf) or got.values is None:
+            return f"{at}expected a (10, 4) array"
+        x = got.values
+        if x.shape != (10, 4):
+            return f"{at}expected shape (10, 4), got {x.shape}"
+        if not np.isfinite(x).all():
+            return f"{at}holds inf or nan"
+        if not np.array_equal(x[:5], self.original):
+            return f"{at}the first five rows must be the chapter's own, unchanged"
+        new = x[5:]
+        if not np.abs(new).any(axis=1).all() or len({tuple(r) for r in new}) < 5:
+            return f"{at}the five new tokens need vectors of their own: none all zero, no two the same"
+        return None
+
+
+exercise(Exercise(
+    "ten_tokens",
+    visible=lambda: [Case(name, (name,), expected=Extension(x)) for name, x in (("Q10", Q), ("K10", K), ("V10", V))],
+    hidden=lambda rng: [],
+    reference=None,
+))
+
+
+def row_change_reference(Q10, K10, V10, causal=False):
+    _, w5 = multi_head_alibi(Q10[:5], K10[:5], V10[:5], 2, [0.5, 0.25], causal=causal)
+    _, w10 = multi_head_alibi(Q10, K10, V10, 2, [0.5, 0.25], causal=causal)
+    return np.abs(w10[:, :5, :5] - w5).max(axis=(0, 2))
+
+
+def _row_change_cases(rng):
+    chosen = []
+    for n in range(3):
+        ext = [np.vstack([x, rng.normal(size=(5, 4))]) for x in (Q, K, V)]
+        chosen += [Case(f"row_change of random extension {n + 1}, causal={c}", tuple(ext), {"causal": c}, atol=1e-12,
+                        exact=c) for c in (False, True)]
+    return chosen
+
+
+_REPEATED = (np.vstack([Q, Q]), np.vstack([K, K]), np.vstack([V, V]))
+
+exercise(Exercise(
+    "row_change",
+    visible=lambda: [Case("row_change of the example repeated twice, symmetric", _REPEATED, atol=1e-12),
+                     Case("row_change of the example repeated twice, causal (exactly 0)", _REPEATED, {"causal": True},
+                          atol=0.0, exact=True)],
+    hidden=_row_change_cases,
+    reference=row_change_reference,
+    allowed=(multi_head_alibi,),  # the notebook lends it: this exercise is about what it shows
+))
+
+
+# ----------------------------------------------------------------------------- 07: PyTorch
+
+def _torch_bias_reference(slopes, q_len, k_len, causal=False):
+    return alibi_bias(np.asarray(slopes, float), q_len, k_len, causal=causal)
+
+
+class MetaShape(Expect):
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def check(self, got, case, at):
+        if not isinstance(got, Leaf) or got.kind != "tensor" or got.device != "meta":
+            return (f"{at}the result should be made on the inputs' device (here 'meta'), got "
+                    f"{getattr(got, 'device', type(got).__name__)}: is a tensor created without device=...?")
+        return None if got.shape == self.shape else f"{at}expected shape {self.shape}, got {got.shape}"
+
+
+_TORCH_BIAS_MISTAKES = {**_BIAS_MISTAKES,
+                        "this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)":
+                            {"key_only": True}}
+
+
+exercise(Exercise(
+    "alibi_bias_torch",
+    visible=lambda: [
+        Case("alibi_bias_torch([0.5, 0.25], 3, 5, causal=True)", (np.array([0.5, 0.25]), 3, 5), {"causal": True},
+             atol=1e-7),
+        Case("alibi_bias_torch(<bfloat16 slope 0.5>, 1, 1000)[0, 0, -3:]: next to the diagonal at length 1000",
+             (np.array([0.5]), 1, 1000), input_dtype="bfloat16", dtype="bfloat16", exact=True, atol=0.0,
+             expected=np.array([-1.0, -0.5, 0.0]), pick=lambda b: b[0, 0, -3:]),
+    ],
+    hidden=lambda rng: [
+        *(Case(f"alibi_bias_torch(<{len(s)} slopes>, {q}, {k}, causal={c})", (s, q, k), {"causal": c}, atol=1e-12)
+          for s, q, k, c in [(get_slopes(12), 7, 7, False), (get_slopes(6), 1, 20, True),
+                             (get_slopes(3), 4, 9, False), (rng.uniform(0, 1, 5), 9, 9, True)]),
+        Case("alibi_bias_torch on the meta device (no data: only where the tensors are made)",
+             (np.ones(4), 5, 8), {"causal": True}, device="meta", expected=MetaShape((4, 5, 8)))],
+    reference=_torch_bias_reference,
+    mistakes=tuple(Mistake(h, _bias_variant(**f)) for h, f in _TORCH_BIAS_MISTAKES.items()),
+    torch_inputs=True,
+))
+
+
+def torch_bias_upstream(slopes, q_len, k_len, causal=False):
+    """The reference's alibi_bias_torch, lent to a downstream exercise: same device and dtype as the slopes."""
+    return alibi_bias(slopes, q_len, k_len, causal=causal)
+
+
+def _split_heads(x):  # (N, 4) -> (1, 2, N, 2): the chapter's column split
+    return x.reshape(1, x.shape[0], 2, 2).swapaxes(1, 2)
+
+
+def torch_attention_reference(q, k, v, slopes, causal=False):
+    return alibi_attention(np.asarray(q, float), np.asarray(k, float), np.asarray(v, float),
+                           np.asarray(slopes, float), causal=causal)
+
+
+def _torch_attention_cases(rng):
+    chosen = []
+    for B, H, nq, nk, d, c in [(2, 3, 5, 5, 4, False), (1, 6, 1, 9, 8, True), (3, 4, 7, 11, 2, True),
+                               (1, 12, 6, 6, 3, False)]:
+        q, k, v = rng.normal(size=(B, H, nq, d)), rng.normal(size=(B, H, nk, d)), rng.normal(size=(B, H, nk, d))
+        chosen.append(Case(f"B={B}, H={H}, q_len={nq}, k_len={nk}, causal={c}", (q, k, v, get_slopes(H)),
+                           {"causal": c}))
+    return chosen
+
+
+def _attention_mistakes_4d(**flags):
+    return lambda q, k, v, s, causal=False: attention_variant(q, k, v, s, causal=causal, **flags)[0]
+
+
+_TORCH_ATTENTION_MISTAKES = tuple(Mistake(h, _attention_mistakes_4d(**f)) for h, f in ATTENTION_MISTAKES.items())
+
+exercise(Exercise(
+    "alibi_attention_torch",
+    visible=lambda: [Case("alibi_attention_torch on the chapter's example (two heads)",
+                          (*(_split_heads(x) for x in (Q, K, V)), np.array([0.5, 0.25])))],
+    hidden=lambda rng: [*(Case("alibi_attention_torch, " + c.label, c.args, c.kwargs)
+                          for c in _torch_attention_cases(rng)),
+                        Case("alibi_attention_torch on the meta device", (*(np.ones((1, 2, 3, 4)),) * 3, np.ones(2)),
+                             device="meta", expected=MetaShape((1, 2, 3, 4)))],
+    reference=torch_attention_reference,
+    mistakes=_TORCH_ATTENTION_MISTAKES,
+    upstream=("alibi_bias_torch",),
+    torch_inputs=True,
+))
+
+
+def mha_reference(seed, x, num_heads, qkv_features, **flags):
+    """nn.MultiheadAttention's own projections, seeded as the exercise asks, around ALiBi attention."""
+    import torch
+    from torch import nn
+
+    x = torch.as_tensor(np.asarray(x, float))
+    T, E = x.shape
+    torch.manual_seed(int(seed))
+    m = nn.MultiheadAttention(E, num_heads).double()
+    wq, wk, wv = m.in_proj_weight.detach().chunk(3)
+    bq, bk, bv = m.in_proj_bias.detach().chunk(3)
+    q, k, v = ((x @ w.T + b).reshape(T, num_heads, E // num_heads).transpose(0, 1).numpy()
+               for w, b in [(wq, bq), (wk, bk), (wv, bv)])
+    out = attention_variant(q, k, v, get_slopes(num_heads), **flags)[0]  # (H, T, d)
+    y = torch.as_tensor(out).transpose(0, 1).reshape(T, E)
+    return m.out_proj(y).detach().flatten().numpy()
+
+
+def _mha_cases(rng):
+    return [Case(f"mha_alibi(seed={s}, x of shape ({T}, {E}), num_heads={H}, qkv_features={E})",
+                 (s, rng.normal(size=(T, E)), H, E)) for s, T, E, H in [(0, 6, 8, 2), (3, 11, 12, 3), (7, 1, 16, 4),
+                                                                        (5, 9, 24, 12)]]
+
+
+exercise(Exercise(
+    "mha_alibi",
+    visible=lambda: [Case("mha_alibi(0, x of shape (6, 8), num_heads=2, qkv_features=8)",
+                          (0, np.random.default_rng(1).normal(size=(6, 8)), 2, 8)),
+                     Case("mha_alibi(0, x of shape (6, 5), 2, 8): x's features do not match qkv_features",
+                          (0, np.ones((6, 5)), 2, 8), raises="ValueError")],
+    hidden=_mha_cases,
+    reference=mha_reference,
+    mistakes=(Mistake("the bias went in as a boolean mask: nn.MultiheadAttention reads True as 'may not attend', "
+                      "so every key but the query's own is masked and the slopes are lost (section 7.3); pass the "
+                      "float bias", lambda *a: mha_reference(*a, bool_mask=True)),
+              Mistake("the bias has the wrong sign: attn_mask is added to the scores, so it must be -m * |i - j|",
+                      lambda *a: mha_reference(*a, sign=1.0)),
+              Mistake("this is attention without ALiBi: is the bias reaching attn_mask?",
+                      lambda *a: mha_reference(*a, sign=0.0))),
+    upstream=("alibi_bias_torch",),
+    torch_inputs=True,
+    allowed=(get_slopes,),  # the notebook imports it: the exercise is the layer, not the slopes
+))
+
+
+def _sdpa_cases(rng):
+    return [Case(f"sdpa_alibi for H={H}, q_len={nq}, k_len={nk}, causal={c}",
+                 (rng.normal(size=(1, H, nq, 4)), rng.normal(size=(1, H, nk, 4)), rng.normal(size=(1, H, nk, 4)),
+                  get_slopes(H)), {"causal": c})
+            for H, nq, nk, c in [(6, 1, 12, True), (3, 5, 8, False), (12, 9, 9, True)]]
+
+
+def _sdpa_visible():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(2, 4, 7, 8)) for _ in range(3))
+    return [Case(f"sdpa_alibi on (2, 4, 7, 8), causal={c}", (q, k, v, get_slopes(4)), {"causal": c})
+            for c in (False, True)]
+
+
+exercise(Exercise(
+    "sdpa_alibi",
+    visible=_sdpa_visible,
+    hidden=_sdpa_cases,
+    reference=torch_attention_reference,
+    mistakes=_TORCH_ATTENTION_MISTAKES,
+    upstream=("alibi_bias_torch",),
+    torch_inputs=True,
+))
+
+
+def score_mod_reference(slopes, causal=False, q=None, k=None, v=None):
+    if q is not None:
+        return torch_attention_reference(q, k, v, slopes, causal)
+    return alibi_bias(np.asarray(slopes, float), 10, causal=causal)
+
+
+def _flex_visible():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(1, 4, 16, 8)) for _ in range(3))
+    return [Case(f"flex_attention with your score_mod on (1, 4, 16, 8), causal={c}", (get_slopes(4),),
+                 {"causal": c, "q": q, "k": k, "v": v}, input_dtype="float32", atol=1e-5) for c in (False, True)]
+
+
+exercise(Exercise(
+    "alibi_score_mod",
+    visible=_flex_visible,
+    hidden=lambda rng: [Case(f"your score_mod on a zero score, 6 heads, 10 x 10, causal={c}", (get_slopes(6),),
+                             {"causal": c}, atol=1e-12) for c in (False, True)],
+    reference=score_mod_reference,
+    mistakes=(Mistake("the bias has the wrong sign: score_mod should return score - m_h * |q_idx - kv_idx|",
+                      lambda s, causal=False, **qkv: score_mod_reference(-np.asarray(s, float), causal, **qkv)),),
+    torch_inputs=True,
+    adapter=score_mod_outputs,
+))
+
+
+# ----------------------------------------------------------------------------- 08: tiled
+
+def _tiled_cases(rng):
+    chosen = []
+    for H, N, d, dv, block, c in [(1, 1, 3, 2, 4, True), (5, 37, 4, 6, 8, True), (12, 50, 8, 3, 7, False),
+                                  (3, 64, 2, 2, 64, True), (2, 9, 5, 5, 1, False)]:
+        q, k = rng.normal(size=(2, H, N, d))
+        chosen.append(Case(f"tiled, H={H}, N={N}, block={block}, causal={c}",
+                           (q, k, rng.normal(size=(H, N, dv)), get_slopes(H)), {"causal": c, "block": block}))
+    return chosen
+
+
+def _tiled_visible():
+    q, k, v = np.random.default_rng(0).normal(size=(3, 4, 100, 16))
+    return [Case(f"tiled vs naive, N=100, block={b}, causal={c}", (q, k, v, get_slopes(4)), {"causal": c, "block": b})
+            for c in (False, True) for b in (16, 33, 128)]
+
+
+def tiled_reference(q, k, v, slopes, causal=False, block=64):
+    return alibi_attention(q, k, v, slopes, causal=causal)
+
+
+exercise(Exercise("tiled", visible=_tiled_visible, hidden=_tiled_cases, reference=tiled_reference))
+
+MEMORY_SHAPE = (2, 2048, 8)  # H, N, d: one (H, N, N) float64 array is 64 MiB
+
+
+class PeakBelow(Expect):
+    def __init__(self, limit: float, what: str):
+        self.limit, self.what = limit, what
+
+    def check(self, got, case, at):
+        if not isinstance(got, Leaf) or got.values is None or got.values.shape != ():
+            return f"{at}expected the peak in bytes"
+        peak = float(got.values)
+        return None if peak < self.limit else (
+            f"peaked at {peak / 2**20:.1f} MiB: that is {peak / self.limit * 5:.0f}% of {self.what}; "
+            "something of size N x N is being built")
+
+
+def _memory_case():
+    H, N, d = MEMORY_SHAPE
+    q, k, v = np.random.default_rng(2).normal(size=(3, H, N, d))
+    one = H * N * N * 8
+    return Case(f"tiled_alibi_attention's peak memory and output at H={H}, N={N}, causal, block=64",
+                (q, k, v, get_slopes(H)), {"causal": True, "block": 64},
+                expected=(PeakBelow(0.05 * one, f"one (H, N, N) array ({one / 2**20:.0f} MiB)"),
+                          alibi_attention(q, k, v, get_slopes(H), causal=True)))
+
+
+exercise(Exercise("tiled_memory", visible=lambda: [_memory_case()], hidden=lambda rng: [], reference=None,
+                  adapter=peak_and_output))
+
+
+# ----------------------------------------------------------------------------- 09: reading the results
+
+def read_results_reference(results):
+    L = results["settings"]["context"]
+    ppl = results["perplexity"]
+    ratio = {m: ppl[m][str(8 * L)] / ppl[m][str(L)] for m in ("alibi", "sinusoidal")}
+    finite = {m: r[str(8 * L)] for m, r in ppl.items() if isinstance(r[str(8 * L)], float)}
+    return ratio["alibi"], ratio["sinusoidal"], min(finite, key=finite.get)
+
+
+def run_results(rng):
+    """A run's results in the lab's layout, with made-up numbers and L: an answer must read them, not copy them."""
+    L = int(rng.choice([32, 64, 128]))
+    return {"settings": {"context": L},
+            "perplexity": {m: {str(L * f): (float(rng.uniform(1.5, 20)) if m != "learned" or f == 1 else
+                                            "error: no position embedding past L") for f in (1, 2, 4, 8, 16)}
+                           for m in ("alibi", "sinusoidal", "learned", "rotary", "none")}}
+
+
+exercise(Exercise(
+    "read_results",
+    visible=lambda: [Case("read_results on a made-up run's results", (run_results(np.random.default_rng(0)),),
+                          atol=1e-9)],
+    hidden=lambda rng: [Case(f"read_results on another made-up run ({n + 1})", (run_results(rng),), atol=1e-9)
+                        for n in range(3)],
+    reference=read_results_reference,
+))
+
+
+# what a downstream exercise is lent when the student's own upstream answer is wrong
+UPSTREAM = {"softmax": softmax, "alibi_head": alibi_head_reference, "alibi_bias_torch": torch_bias_upstream}

@@ -1,0 +1,317 @@
+"""The notebooks' checks: values handed back as data, verdicts reached apart from the answer, mistakes named."""
+
+import json
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from alibi_ref import get_slopes
+from alibi_ref.course import (
+    checks,
+    exercises,  # noqa: F401  (registers them)
+    plots,
+)
+from alibi_ref.course.checks import EXERCISES, MIME, Case, ReferenceGuard, decode, encode, judge, run
+from autograder.screen import screen_notebook
+from autograder.verdicts import JudgeChecks, check_calls
+
+SOLUTION = {
+    "paper_slopes": '''
+def paper_slopes(n_heads, max_bias=8.0):
+    def geometric(n):
+        return 2.0 ** (-max_bias * np.arange(1, n + 1) / n)
+    p = 2 ** int(np.floor(np.log2(n_heads)))
+    if p == n_heads:
+        return geometric(n_heads)
+    return np.concatenate([geometric(p), geometric(2 * p)[0::2][: n_heads - p]])
+''',
+    "alibi_bias": '''
+def alibi_bias(slopes, q_len, k_len=None, causal=False):
+    slopes = np.asarray(slopes, dtype=np.float64)
+    k_len = q_len if k_len is None else k_len
+    i = np.arange(q_len)[:, None] + (k_len - q_len)
+    j = np.arange(k_len)[None, :]
+    bias = -slopes[:, None, None] * np.abs(i - j)
+    if causal:
+        bias = np.where(j > i, -np.inf, bias)
+    return bias
+''',
+    "softmax": '''
+def softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+''',
+    "alibi_head": '''
+def alibi_head(Qh, Kh, Vh, slope):
+    N, d_k = Qh.shape
+    distance = np.abs(np.arange(N)[:, None] - np.arange(N)[None, :])
+    weights = softmax(Qh @ Kh.T / np.sqrt(d_k) - slope * distance)
+    return weights, weights @ Vh
+''',
+    "decode_step": '''
+def decode_step(q_new, K_cache, V_cache, slope):
+    t = K_cache.shape[0] - 1
+    scores = K_cache @ q_new / np.sqrt(q_new.shape[0]) - slope * (t - np.arange(t + 1))
+    e = np.exp(scores - scores.max())
+    return e / e.sum() @ V_cache
+''',
+    "causal_alibi_scores": '''
+def causal_alibi_scores(Qh, Kh, slope):
+    N, d_k = Qh.shape
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    return np.where(j > i, -np.inf, Qh @ Kh.T / np.sqrt(d_k) - slope * (i - j))
+''',
+}
+
+
+def answer(name: str, *edits, extra: str = ""):
+    """A notebook namespace holding the solution of ``name`` with ``edits`` (old, new) applied."""
+    source = SOLUTION[name]
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    namespace = {"np": np, "torch": torch}
+    exec(SOLUTION["softmax"] + extra + source, namespace)
+    return namespace[name], namespace
+
+
+def verdict(name, fn, seed=None):
+    payload = json.loads(json.dumps(run(name, fn, seed)))  # through JSON, as it crosses from the kernel
+    return judge(payload)
+
+
+# ----------------------------------------------------------------------------- values as data
+
+def test_values_cross_as_data_with_their_dtype_and_device():
+    tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    value = (tensor, {"a": np.float32(1.5), "b": [1.0, np.inf]}, "alibi", None)
+    got = decode(json.loads(json.dumps(encode(value))))
+    leaf = got[0]
+    assert (leaf.kind, leaf.dtype, leaf.device, leaf.shape) == ("tensor", "bfloat16", "cpu", (2, 3))
+    assert np.array_equal(leaf.values, np.arange(6.0).reshape(2, 3))
+    assert got[1]["a"].dtype == "float32" and float(got[1]["a"].values) == 1.5
+    assert np.array_equal(got[1]["b"].values, [1.0, np.inf])
+    assert got[2:] == ("alibi", None)
+    meta = decode(encode(torch.ones(4, 5, device="meta")))
+    assert (meta.values, meta.device, meta.shape) == (None, "meta", (4, 5))
+
+
+@pytest.mark.parametrize("bad", [{}, {"array": "!!", "shape": [1], "dtype": "f", "device": "cpu"},
+                                 {"array": "AAAAAAAAAAA=", "shape": [3], "dtype": "f", "device": "cpu"},
+                                 {"scalar": [1]}, {"array": "", "shape": [-1], "dtype": "f", "device": "cpu"}])
+def test_malformed_values_are_refused(bad):
+    with pytest.raises((ValueError, TypeError)):
+        decode(bad)
+
+
+def test_the_judge_reads_only_values_and_refuses_a_wrong_count():
+    fn, _ = answer("paper_slopes")
+    payload = run("paper_slopes", fn)
+    payload["passed"] = True  # claims are not read
+    assert judge(payload).passed
+    payload["results"] = payload["results"][:-1]
+    with pytest.raises(ValueError, match="results for"):
+        judge(payload)
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+def test_the_solutions_pass_visible_and_hidden():
+    for name in ("paper_slopes", "alibi_bias", "softmax", "alibi_head", "decode_step", "causal_alibi_scores"):
+        fn, _ = answer(name)
+        for seed in (None, 3):
+            v = verdict(name, fn, seed)
+            assert v.passed, v.message
+
+
+def test_float32_answers_earn_the_points_and_a_real_error_does_not():
+    fn, _ = answer("alibi_head", ("return weights, weights @ Vh",
+                                  "return weights.astype(np.float32), (weights @ Vh).astype(np.float32)"))
+    assert verdict("alibi_head", fn, 1).passed
+    off, _ = answer("alibi_head", ("return weights, weights @ Vh", "return weights + 1e-3, weights @ Vh"))
+    v = verdict("alibi_head", off, 1)
+    assert not v.passed and "entries are off" in v.message and "Worst:" in v.message
+    assert "\n" not in v.message.split("Hint:")[0].strip(), "one short message, no numpy report"
+
+
+def test_exact_cases_allow_no_slack():
+    case = Case("c", atol=0.0, exact=True)
+    assert checks.compare_arrays(np.array([1e-7]), np.array([0.0]), case) is not None
+    assert checks.compare_arrays(np.array([1e-7]), np.array([0.0]), Case("c", atol=0.0)) is None
+
+
+@pytest.mark.parametrize(("name", "edits", "hint"), [
+    ("paper_slopes", [("    if p == n_heads:\n        return geometric(n_heads)\n", "    return geometric(n_heads)\n")],
+     "one geometric sequence"),
+    ("alibi_bias", [("bias = -slopes", "bias = slopes")], "wrong sign"),
+    ("alibi_bias", [("+ (k_len - q_len)", "")], "start of the keys"),
+    ("alibi_bias", [("np.where(j > i", "np.where(j < i")], "wrong triangle"),
+    ("alibi_head", [("/ np.sqrt(d_k)", "")], "not divided by sqrt(d)"),
+    ("alibi_head", [("softmax(Qh @ Kh.T / np.sqrt(d_k) - slope * distance)",
+                     "softmax(Qh @ Kh.T / np.sqrt(d_k) - slope * distance / np.sqrt(d_k))")], "divided by sqrt(d) too"),
+    ("causal_alibi_scores", [("np.where(j > i, -np.inf, Qh @ Kh.T / np.sqrt(d_k) - slope * (i - j))",
+                              "Qh @ Kh.T / np.sqrt(d_k) - slope * np.abs(i - j)")], "symmetric"),
+    ("decode_step", [("(t - np.arange(t + 1))", "np.arange(t + 1)")], "position 0"),
+])
+def test_classic_mistakes_are_named(name, edits, hint):
+    fn, _ = answer(name, *edits)
+    v = verdict(name, fn, 5)
+    assert not v.passed
+    assert "Hint:" in v.message and hint in v.message, v.message
+
+
+def test_softmax_over_the_wrong_axis_is_named():
+    fn, _ = answer("softmax", ("x.max(axis=-1", "x.max(axis=0"), ("e.sum(axis=-1", "e.sum(axis=0"))
+    v = verdict("softmax", fn, 1)
+    assert "wrong axis" in v.message, v.message
+
+
+def test_a_wrong_upstream_costs_only_its_own_exercise():
+    fn, namespace = answer("alibi_head")
+    namespace["softmax"] = lambda x: np.zeros_like(np.asarray(x, float))  # the student's own, wrong
+    v = verdict("alibi_head", fn, 2)
+    assert v.passed and "with a correct softmax in place of yours" in v.message
+    assert namespace["softmax"](np.ones(2)).sum() == 0, "the student's namespace is left as it was"
+    wrong_too, namespace = answer("alibi_head", ("/ np.sqrt(d_k)", ""))
+    namespace["softmax"] = lambda x: np.zeros_like(np.asarray(x, float))
+    assert not verdict("alibi_head", wrong_too, 2).passed, "a correct softmax does not rescue a wrong head"
+
+
+def test_the_boolean_mask_pitfall_is_named_in_mha_alibi():
+    from torch import nn
+
+    def mha_alibi(seed, x, num_heads, qkv_features):
+        if x.shape[-1] != qkv_features:
+            raise ValueError("features")
+        torch.manual_seed(seed)
+        mha = nn.MultiheadAttention(qkv_features, num_heads).to(device=x.device, dtype=x.dtype)
+        slopes = torch.as_tensor(get_slopes(num_heads), device=x.device, dtype=x.dtype)
+        i = torch.arange(x.shape[0], device=x.device)
+        bias = -slopes[:, None, None] * (i[:, None] - i[None, :]).abs()
+        return mha(x, x, x, attn_mask=bias.bool(), need_weights=False)[0].flatten()
+
+    v = verdict("mha_alibi", mha_alibi)
+    assert not v.passed and "boolean mask" in v.message, v.message
+
+
+def test_an_answer_that_raises_gets_its_error():
+    fn, _ = answer("paper_slopes", ("    def geometric(n):", "    raise RuntimeError('not yet')\n\n"
+                                                         "    def geometric(n):"))
+    assert "raised RuntimeError: not yet" in verdict("paper_slopes", fn).message
+
+
+# ----------------------------------------------------------------------------- the guard
+
+def test_the_reference_is_caught_however_reached_and_an_allowed_helper_is_not():
+    from alibi_ref.course import multi_head_alibi
+    from alibi_ref.course.exercises import softmax as reference_softmax
+
+    for route, callee in [(lambda n, max_bias=8.0: plots.get_slopes(n, max_bias=max_bias), "alibi_ref.slopes"),
+                          (lambda n, max_bias=8.0: EXERCISES["paper_slopes"].reference(n, max_bias),
+                           "alibi_ref.course.exercises")]:
+        v = verdict("paper_slopes", route)
+        assert not v.passed and f"calls {callee}" in v.message, v.message
+    assert not verdict("softmax", reference_softmax).passed
+    # row_change's notebook lends multi_head_alibi: what it calls inside is not the answer's
+    ns = {"np": np, "multi_head_alibi": multi_head_alibi}
+    exec("def row_change(Q10, K10, V10, causal=False):\n"
+         "    _, w5 = multi_head_alibi(Q10[:5], K10[:5], V10[:5], 2, [0.5, 0.25], causal=causal)\n"
+         "    _, w10 = multi_head_alibi(Q10, K10, V10, 2, [0.5, 0.25], causal=causal)\n"
+         "    return np.abs(w10[:, :5, :5] - w5).max(axis=(0, 2))\n", ns)
+    assert verdict("row_change", ns["row_change"], 1).passed
+
+
+def test_switching_the_guard_off_is_caught():
+    import sys
+
+    def sneaky(n, max_bias=8.0):
+        sys.setprofile(None)
+        return get_slopes(n, max_bias=max_bias)
+
+    v = verdict("paper_slopes", sneaky)
+    assert not v.passed and "profiler was switched off" in v.message
+    with ReferenceGuard() as guard:
+        pass
+    assert guard.call is None
+
+
+# ----------------------------------------------------------------------------- in the grader: JudgeChecks
+
+def _graded_cell(source, outputs):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "test_x", "points": 1, "solution": False,
+                                 "locked": True, "schema_version": 3}
+    cell.outputs = outputs
+    return cell
+
+
+def _payload_output(payload):
+    return nbformat.v4.new_output("display_data", data={MIME: payload, "text/plain": "handed back"})
+
+
+def test_judge_checks_decides_each_test_cell_from_the_values_alone():
+    fn, _ = answer("paper_slopes")
+    good = run("paper_slopes", fn)
+    wrong = run("paper_slopes", lambda n, max_bias=8.0: np.zeros(n))
+    source = ('check("paper_slopes", paper_slopes)\n### BEGIN HIDDEN TESTS\n'
+              'check("paper_slopes", paper_slopes, hidden=2)')
+    hidden = run("paper_slopes", fn, 2)
+    cells = [
+        _graded_cell(source, [_payload_output(good), _payload_output(hidden)]),  # passes
+        _graded_cell(source, [_payload_output(good)]),  # the hidden check's values never came back
+        _graded_cell(source, [_payload_output(good), _payload_output(hidden), _payload_output(wrong)]),  # a forgery
+        _graded_cell(source, [_payload_output(good), _payload_output(hidden),
+                              nbformat.v4.new_output("error", ename="GradingStopped", evalue="crash", traceback=[])]),
+        _graded_cell(source, [_payload_output({"exercise": "paper_slopes", "seed": None, "results": "x"}),
+                              _payload_output(hidden)]),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    JudgeChecks().preprocess(nb, {})
+    errors = [[o for o in c.outputs if o.output_type == "error"] for c in nb.cells]
+    assert errors[0] == [] and "4 visible checks pass" in nb.cells[0].outputs[0].text
+    assert "no results came back" in errors[1][0].evalue
+    assert "entries are off" in errors[2][0].evalue
+    assert [e.ename for e in errors[3]] == ["GradingStopped"]
+    assert "could not be read" in errors[4][0].evalue
+    assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
+
+
+def test_check_calls_are_read_from_the_cell_source():
+    assert check_calls('check("a", f)\nx = 1\ncheck("b", g, hidden=7)\nprint(check)') == [("a", None), ("b", 7)]
+    assert check_calls("this is not python (") == []
+
+
+# ----------------------------------------------------------------------------- the screen
+
+def _notebook_with_answer(source):
+    nb = nbformat.read("solutions/alibi/02_worked_example.ipynb", as_version=4)
+    next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax").source = source
+    return nb
+
+
+@pytest.mark.parametrize("source", [
+    "import sys, warnings\nprint('note', file=sys.stderr)\n\ndef softmax(x):\n    return x",
+    "import os, math, functools\n\ndef _helper(x):\n    return x\n\ndef softmax(x):\n    return _helper(x)",
+    "Q = Q * 1.0\nweights, output = 1, 2\n\ndef softmax(x):\n    return x",
+    "np.testing.assert_allclose = print\n\ndef softmax(x):\n    return x",  # harmless now: nothing judges there
+    "from alibi_ref.course import plots\nfrom alibi_ref.course.checks import check\n\ndef softmax(x):\n    return x",
+    "def check(x):\n    return x\n\ndef softmax(x):\n    return x",  # a helper named check: the tests import their own
+])
+def test_honest_answers_are_not_flagged(source):
+    assert screen_notebook(_notebook_with_answer(source)) == []
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    ("from alibi_ref import get_slopes", "imports alibi_ref.get_slopes"),
+    ("import alibi_ref.course.exercises as e", "imports alibi_ref.course.exercises"),
+    ("from alibi_ref import multi_head_alibi", "imports alibi_ref.course.multi_head_alibi"),  # not in 02
+    ("import alibi_ref.course.checks as c\nc.judge = print", "changes c"),
+    ("import sys\nsys.setprofile(None)", "switches the profiler"),
+    ("def softmax(x):\n    return check.__globals__", "reads the insides"),
+])
+def test_reaching_for_the_reference_is_flagged(source, reason):
+    findings = screen_notebook(_notebook_with_answer(source))
+    assert any(reason in str(f) for f in findings), [str(f) for f in findings]
