@@ -129,6 +129,16 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
         expect(explorer.locator(".widget-output img").first).not_to_have_attribute("src", first_plot)
         shot(page, "student-3-slider-moved")
 
+        # the slope follows the head; dragged to 0 (Home), the heatmap goes flat and the bars uniform
+        slope = explorer.locator(".widget-slider").filter(has=page.locator("label", has_text=re.compile(r"^slope$")))
+        expect(slope.locator(".widget-readout")).to_have_text("0.2500")
+        second_plot = explorer.locator(".widget-output img").first.get_attribute("src")
+        slope.locator(".noUi-handle").focus()
+        page.keyboard.press("Home")
+        expect(slope.locator(".widget-readout")).to_have_text("0.0000")
+        expect(explorer.locator(".widget-output img").first).not_to_have_attribute("src", second_plot)
+        shot(page, "student-3b-slope-zero")
+
         # the first exercise's test stopped "Run All" with the stub's error, as it should
         def code_cell(source_text):
             return page.locator(".jp-CodeCell").filter(has=page.locator(".cm-content", has_text=source_text))

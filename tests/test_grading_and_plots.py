@@ -128,6 +128,26 @@ def test_bias_explorer_widget_redraws_with_its_controls():
     assert "head 3 of 4" in title and "causal" in title
     image = widget.result.axes[0].images[0].get_array()
     assert image.mask[0, 1] and not image.mask[1, 0]
+    # the slope follows the schedule, and dragged to 0 the bias is gone: standard attention
+    assert controls["slope"].value == pytest.approx(get_slopes(4)[2])
+    assert image.min() == pytest.approx(-(controls["length"].value - 1) * get_slopes(4)[2])
+    controls["causal"].value = False
+    controls["slope"].value = 0.0
+    heatmap, bars = widget.result.axes[:2]  # then the colourbar
+    assert np.all(heatmap.images[0].get_array() == 0) and "schedule" in heatmap.get_title()
+    heights = [bar.get_height() for bar in bars.patches]
+    np.testing.assert_allclose(heights, 1 / controls["length"].value), "slope 0: uniform weights"
+    controls["query"].value = 0
+    controls["slope"].value = 1.0
+    heights = [bar.get_height() for bar in widget.result.axes[1].patches]
+    assert heights[0] == max(heights) and heights[0] > 0.5, "a steep head attends to the query's own position"
+
+
+def test_the_explorer_keeps_one_colour_scale_across_heads():
+    gentle = plots.draw_bias_explorer(8, 8, length=16).axes[0].images[0]
+    steep = plots.draw_bias_explorer(8, 1, length=16).axes[0].images[0]
+    assert gentle.get_clim() == steep.get_clim() == (-15, 0)
+    assert plots.shared_scale(np.array([[-3.0, -np.inf]]), np.array([[1.0]])) == {"vmin": -3.0, "vmax": 1.0}
 
 
 def test_explorer_refuses_a_head_past_the_last():

@@ -19,16 +19,24 @@ def axes(ax, figsize=(5, 4)):
 
 def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: int | None = None):
     """Perplexity against evaluation length, one line per position method, from ``extrapolate``'s results."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     ax = axes(ax, (7, 4.5))
     L = results["settings"]["context"]
     for method, row in results["perplexity"].items():
         if methods is not None and method not in methods:
             continue
-        points = [(int(n), v) for n, v in row.items() if isinstance(v, float) and (max_length is None or
-                                                                                    int(n) <= max_length)]
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=method)
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+        shown = {int(n): v for n, v in row.items() if max_length is None or int(n) <= max_length}
+        points = [(n, v) for n, v in shown.items() if isinstance(v, float)]
+        if not points:
+            continue
+        line, = ax.plot(*zip(*points, strict=True), marker="o", label=method)
+        failed = sorted(n for n, v in shown.items() if not isinstance(v, float))
+        if failed:  # no number exists past the failure: mark where the method stops, and why
+            ax.plot(failed, [0.97] * len(failed), "x", color=line.get_color(), markersize=9,
+                    transform=ax.get_xaxis_transform())
+            ax.annotate(f"{method}: no embedding past L", (failed[0], 0.93), xycoords=("data", "axes fraction"),
+                        ha="left", va="top", fontsize=8, color=line.get_color())
 
     ax.axvline(L, color="gray", linestyle="--", linewidth=1)
     ax.annotate(" trained at L", (L, 0.98), xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8)
@@ -43,7 +51,8 @@ def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: in
     ax.set_xlabel("evaluation length (bytes)")
     ax.set_ylabel("perplexity per byte (held out)")
     ax.set_title("train short, test long")
-    ax.legend()
+    # beside the plot, where it covers neither the "trained at L" mark nor a curve
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return ax.figure
 
 
