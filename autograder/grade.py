@@ -73,6 +73,7 @@ def nbgrader_config(s: Settings) -> Config:
         "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
         "autograder.feedback.ScrubHiddenTestTracebacks",
         "nbgrader.preprocessors.ClearHiddenTests",
+        "nbgrader.preprocessors.ClearMarkScheme",  # the rubrics are for the grader (formgrader shows them)
     ]
     return c
 

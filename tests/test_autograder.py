@@ -86,8 +86,11 @@ def test_feedback_never_shows_hidden_tests(graded_sample_class):
     assert pages
     for page in pages:
         text = page.read_text()
-        for secret in ("BEGIN HIDDEN TESTS", "hidden="):
+        for secret in ("BEGIN HIDDEN TESTS", "hidden=", "MARK SCHEME", "Rubric ("):
             assert secret not in text, f"{page.relative_to(out)} shows {secret!r}"
+    # the rubrics reach the graded notebooks, which formgrader shows the instructor
+    graded = (out / "course" / "autograded" / "ada" / "alibi" / "03_slope_zero.ipynb").read_text()
+    assert "Rubric (3 points, for the grader)" in graded
     # the values the kernels handed back are read by the grader, then removed from the notebooks
     for graded in (out / "course" / "autograded").rglob("*.ipynb"):
         outputs = [o for c in nbformat.read(graded, as_version=4).cells for o in c.get("outputs", [])]

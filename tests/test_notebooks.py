@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,13 +66,24 @@ def test_solution_earns_full_autograded_marks(course, name):
 def test_release_hides_solutions_and_hidden_tests():
     for path in RELEASE.glob("*.ipynb"):
         text = path.read_text()
-        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "hidden="):
+        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "hidden=", "MARK SCHEME", "Model answer"):
             assert marker not in text, f"{path.name} contains {marker!r}"
 
 
-def test_every_test_cell_says_its_points_and_runs_registered_checks():
-    import re
+def test_every_written_answer_has_a_rubric_and_says_what_a_full_answer_covers():
+    for path in SOLUTIONS.glob("*.ipynb"):
+        cells = nbformat.read(path, as_version=4).cells
+        for n, cell in enumerate(cells):
+            meta = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "markdown" and meta.get("grade") and meta.get("solution"):
+                question = cells[n - 1].source
+                points = [int(p) for p in re.findall(r"^\* (\d+) points?:", question, flags=re.M)]
+                assert sum(points) == meta["points"], f"{path.name} {meta['grade_id']}: rubric {points}"
+                assert "*A full answer (" in question and "**Model answer.**" in question, meta["grade_id"]
+                assert cells[n - 1].metadata["nbgrader"].get("task"), "the mark scheme lives in a task cell"
 
+
+def test_every_test_cell_says_its_points_and_runs_registered_checks():
     from alibi_ref.course import exercises  # noqa: F401  (registers every exercise)
     from alibi_ref.course.checks import EXERCISES, cases
     from autograder.verdicts import check_calls
