@@ -79,6 +79,7 @@ class Exercise:
     torch_inputs: bool = False  # array arguments reach the answer as tensors (on the notebook's device)
     adapter: Callable | None = None  # kernel-side: (answer, *args, **kwargs) -> the value to hand back
     allowed: tuple[Callable, ...] = ()  # course helpers the notebook lets this answer use, reference inside and all
+    warm_up: Callable | None = None  # run once before the guard: one-time library set-up the answer is not timed by
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -190,6 +191,7 @@ _COURSE_DIR = os.path.join(_PACKAGE_DIR, "course")
 _EXERCISES_FILE = os.path.join(_COURSE_DIR, "exercises.py")
 
 
+@functools.lru_cache(maxsize=4096)  # the guard asks for every Python call the answer makes
 def is_reference_code(filename: str) -> bool:
     """One rule: the reference is alibi_ref outside alibi_ref.course, and the exercises' own references.
 
@@ -300,6 +302,8 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     """Run ``answer`` (a function, or a dict of named values) on the exercise's cases: what the judge reads."""
     ex = _exercise(name)
     chosen = cases(name, seed)
+    if ex.warm_up is not None:
+        ex.warm_up(device)
     call = answer if callable(answer) else functools.partial(_look_up, answer)
     payload = {"exercise": name, "seed": seed, "results": [_call(call, case, ex, device) for case in chosen]}
     upstream = [n for n in ex.upstream if callable(answer) and n in getattr(answer, "__globals__", {})]

@@ -14,7 +14,7 @@ from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
 from .checks import Case, Exercise, Expect, Leaf, Mistake, exercise
 from .examples import cat_sat_on_mat
-from .harness import peak_and_output, score_mod_outputs
+from .harness import peak_and_output, score_mod_outputs, warm_up_flex
 
 EXAMPLE = cat_sat_on_mat()
 Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
@@ -654,6 +654,7 @@ exercise(Exercise(
                       lambda s, causal=False, **qkv: score_mod_reference(-np.asarray(s, float), causal, **qkv)),),
     torch_inputs=True,
     adapter=score_mod_outputs,
+    warm_up=warm_up_flex,
 ))
 
 

@@ -33,3 +33,13 @@ def peak_and_output(answer, q, k, v, slopes, causal=True, block=64):
     finally:
         tracemalloc.stop()
     return float(peak), out
+
+
+def warm_up_flex(device) -> None:
+    """FlexAttention's first call sets itself up (seconds, and several times that under the guard's
+    profile hook); do it once, outside the guard, on a trivial problem."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    x = torch.zeros(1, 1, 16, 8, device=device or "cpu")
+    flex_attention(x, x, x, score_mod=lambda score, b, h, q_idx, kv_idx: score)
