@@ -25,9 +25,10 @@ def softmax(scores):
     """
     if is_tensor(scores):
         return scores.softmax(dim=-1)
-    shifted = scores - scores.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    return e / e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # a row of only -inf (no key to see) gives nan: callers decide
+        shifted = scores - scores.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return e / e.sum(axis=-1, keepdims=True)
 
 
 def repeat_heads(x, groups: int):
@@ -80,11 +81,14 @@ def broadcast_to(x, shape):
 
 
 def as_like(x, like, dtype):
-    """``x`` (array, list or tensor) as ``like``'s kind: a tensor on its device, or a NumPy array."""
+    """``x`` (array, list or tensor) as ``like``'s kind: a tensor on its device, or a NumPy array.
+
+    ``dtype`` None keeps x's own dtype."""
     if is_tensor(like):
         import torch
 
-        return torch.as_tensor(x, device=like.device).to(dtype)
+        x = torch.as_tensor(x, device=like.device)
+        return x if dtype is None else x.to(dtype)
     if is_tensor(x):
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=dtype)

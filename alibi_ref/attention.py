@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
-from .bias import alibi_bias, check_lengths, check_slopes
+from .bias import alibi_bias, check_lengths, check_slopes, positional_bias
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
@@ -59,7 +59,9 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
     """
     import torch.nn.functional as F
 
-    bias = bias.to(q.dtype).reshape((1,) * (q.ndim - 3) + tuple(bias.shape))  # (1.., H, i, j)
+    if bias.ndim < q.ndim:  # (H, i, j) -> (1.., H, i, j)
+        bias = bias.reshape((1,) * (q.ndim - bias.ndim) + tuple(bias.shape))
+    bias = bias.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
 
 
@@ -116,9 +118,16 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def choose_impl(impl: str, q, dims: Dims, return_weights: bool) -> str:
+def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False) -> str:
+    """The path to run. ``positional``: the call has key padding or explicit positions, which only the
+    paths with a materialised bias (naive, sdpa) take."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if positional and impl in ("strided", "flex"):
+        raise ValueError(f"impl={impl!r} cannot take key_padding_mask or positions; use 'sdpa' or 'naive' "
+                         "('auto' picks sdpa for tensors)")
+    if positional and impl == "auto":
+        return "sdpa" if is_tensor(q) and not return_weights else "naive"
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
     if impl == "flex" and not flex_available():
@@ -135,6 +144,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool) -> str:
 def alibi_attention(
     q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
     return_weights: bool = False, impl: str = "auto",
+    key_padding_mask=None, q_positions=None, k_positions=None,
 ):
     """ALiBi attention; returns the output (..., H, q_len, d_v), and the weights if asked.
 
@@ -152,6 +162,14 @@ def alibi_attention(
     keys, sdpa below. strided and flex never build an (H, N, N) tensor. On a CPU, call
     ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.denormals`` for why ALiBi needs it
     to run at full speed.
+
+    Padded batches and explicit positions: ``key_padding_mask`` (..., k_len), True where a key
+    exists; ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len), integer positions per
+    batch row (default: the keys 0..k_len-1, the queries the last q_len of them). Each token's
+    distance is then |p_i - p_j| and causal masks keys with a later position: left padding
+    (positions from ``mask.cumsum(-1) - 1``, as BLOOM does), packed sequences, caches with gaps.
+    These run on the naive and sdpa paths ("auto" picks sdpa for tensors). A query row that sees
+    no key at all gives zeros.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -160,7 +178,10 @@ def alibi_attention(
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
-    chosen = choose_impl(impl, q, dims, return_weights)
+    positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions)
+    chosen = choose_impl(impl, q, dims, return_weights, positional is not None)
+    if positional is not None:
+        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, out_dtype)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
@@ -170,11 +191,61 @@ def alibi_attention(
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
+    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, out_dtype)
+
+
+def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, out_dtype):
+    """Attention with a materialised bias, (H, i, j) or (..., H, i, j), on the sdpa or naive path."""
     if chosen == "sdpa":
-        return _sdpa_attention(q, k, v, bias, scale, groups)
+        return _rows_with_no_key_are_zero(_sdpa_attention(q, k, v, bias, scale, groups), bias)
     # 16-bit inputs are computed in float32 and rounded once at the end
+    _, work = float_dtypes(q)
     k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
     out, weights = naive_attention(cast(q, work), k, v, bias, scale)
-    out = cast(out, out_dtype)
-    return (out, cast(weights, out_dtype)) if return_weights else out
+    out = cast(_rows_with_no_key_are_zero(out, bias), out_dtype)
+    return (out, cast(_rows_with_no_key_are_zero(weights, bias), out_dtype)) if return_weights else out
 
+
+def _rows_with_no_key_are_zero(x, bias):
+    """``x`` (..., H, i, n) with the query rows whose bias is -inf for every key set to 0 (softmax gives nan)."""
+    if is_tensor(bias):
+        import torch
+
+        sees = torch.isfinite(bias).any(-1, keepdim=True)  # (..., H, i, 1)
+        return x if bool(sees.all()) else torch.where(sees, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    sees = np.isfinite(bias).any(-1, keepdims=True)
+    return x if sees.all() else np.where(sees, x, 0.0)
+
+
+def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_positions, k_positions):
+    """The (..., H, i, j) bias for key padding or explicit positions, or None when the call has neither."""
+    if key_padding_mask is None and q_positions is None and k_positions is None:
+        return None
+    batch = tuple(q.shape[:-3])
+    if k_positions is None:
+        k_positions = np.arange(dims.k_len)
+    if q_positions is None:
+        q_positions = np.arange(dims.q_len) + (dims.k_len - dims.q_len)
+    q_positions = _per_batch_row(q_positions, q, batch, dims.q_len, "q_positions", integer=True)
+    k_positions = _per_batch_row(k_positions, q, batch, dims.k_len, "k_positions", integer=True)
+    if key_padding_mask is not None:
+        key_padding_mask = _per_batch_row(key_padding_mask, q, batch, dims.k_len, "key_padding_mask", integer=False)
+    return positional_bias(slopes, q_positions, k_positions, causal=causal, key_padding_mask=key_padding_mask)
+
+
+def _per_batch_row(x, like, batch: tuple, length: int, name: str, integer: bool):
+    """``x`` of shape (length,) or (*batch, length), as ``like``'s kind (integers or booleans), or a ValueError."""
+    x = as_like(x, like, None)
+    if tuple(x.shape) not in ((length,), (*batch, length)):
+        raise ValueError(f"{name} must have shape ({length},) or {(*batch, length)} (the batch dimensions of q, "
+                         f"then the length), got {tuple(x.shape)}")
+    if is_tensor(x):
+        import torch
+
+        is_bool = x.dtype == torch.bool
+        ok = (not is_bool and not x.is_floating_point() and not x.is_complex()) if integer else is_bool
+    else:
+        ok = x.dtype.kind in ("iu" if integer else "b")
+    if not ok:
+        raise ValueError(f"{name} must hold {'integers' if integer else 'booleans'}, got dtype {x.dtype}")
+    return x

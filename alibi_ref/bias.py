@@ -19,6 +19,7 @@ neighbouring entries are off by up to ~4 and the attention output by ~3.
 from __future__ import annotations
 
 import numbers
+import sys
 
 import numpy as np
 
@@ -56,17 +57,30 @@ def relative_positions(q_len: int, k_len: int, like=None):
     return i - j
 
 
-def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = False):
+def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = False, dtype=None, device=None):
     """The additive ALiBi bias, shape (H, q_len, k_len).
 
     ``slopes``: (H,) NumPy array or list (NumPy out, float64 unless a float array
     of another width comes in) or torch tensor (tensor out, on its device and dtype).
+    ``device`` or a torch ``dtype`` ask for a tensor whatever the slopes are; ``dtype`` sets the
+    output's dtype (the bias is still built in at least float32 and cast last).
     """
-    slopes = check_slopes(slopes)
+    slopes = _placed(check_slopes(slopes), dtype, device)
     q_len, k_len = check_lengths(q_len, k_len, causal)
     out_dtype, _ = float_dtypes(slopes)
     rel = relative_positions(q_len, k_len, like=slopes)  # (i, j)
-    return cast(bias_from_distances(slopes, rel, causal), out_dtype)  # (H, i, j)
+    return cast(bias_from_distances(slopes, rel, causal), out_dtype if dtype is None else dtype)  # (H, i, j)
+
+
+def _placed(slopes, dtype, device):
+    """The slopes as a tensor on ``device`` when a device or a torch dtype is asked for; as they came otherwise."""
+    torch = sys.modules.get("torch")
+    if device is None and not (torch is not None and isinstance(dtype, torch.dtype)):
+        return slopes
+    import torch
+
+    slopes = torch.as_tensor(slopes, device=device)
+    return slopes if slopes.is_floating_point() else slopes.double()
 
 
 def bias_from_distances(slopes, rel, causal: bool):
@@ -79,6 +93,26 @@ def bias_from_distances(slopes, rel, causal: bool):
     per_head = cast(slopes, work).reshape((-1,) + (1,) * rel.ndim)  # (H, 1, ...)
     bias = per_head * cast(-abs(rel), work)  # (H, *rel.shape)
     return where_negative(rel, bias, float("-inf")) if causal else bias
+
+
+def positional_bias(slopes, q_positions, k_positions, *, causal: bool = False, key_padding_mask=None):
+    """The ALiBi bias from explicit token positions, shape (..., H, q_len, k_len).
+
+    ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len) are integer positions per batch row:
+    left padding (BLOOM takes them from ``attention_mask.cumsum(-1) - 1``), packed sequences and
+    KV caches with gaps all give each token its true distance. The bias is -m_h * |p_i - p_j|;
+    with ``causal`` a key whose position is after the query's is -inf. ``key_padding_mask``
+    (..., k_len), True where a key exists, puts -inf on the others. Tensors in give tensors on
+    their device; the dtype follows ``float_dtypes(slopes)``, built in at least float32.
+    """
+    rel = q_positions[..., :, None] - k_positions[..., None, :]  # (..., i, j): how far key j lies behind query i
+    out_dtype, _ = float_dtypes(slopes)
+    bias = bias_from_distances(slopes, rel, causal)  # (H, ..., i, j)
+    bias = bias.moveaxis(0, -3) if is_tensor(bias) else np.moveaxis(bias, 0, -3)  # (..., H, i, j)
+    if key_padding_mask is not None:
+        keep = key_padding_mask[..., None, None, :]  # (..., 1, 1, j)
+        bias = bias.masked_fill(~keep, float("-inf")) if is_tensor(bias) else np.where(keep, bias, -np.inf)
+    return cast(bias, out_dtype)
 
 
 def key_only_bias(slopes, q_len: int, k_len: int | None = None):

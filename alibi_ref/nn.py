@@ -21,6 +21,11 @@ class ALiBiMultiheadAttention(nn.Module):
     With ``past_kv=(k, v)`` from an earlier call (``use_cache=True``) the new
     queries are placed after the cached keys: one-token decoding steps give the
     same result as running the whole sequence at once.
+
+    Padded batches: ``attention_mask`` (B, T_past + T), True (or 1) where a token exists, as in
+    Hugging Face. Positions then default to BLOOM's ``attention_mask.cumsum(-1) - 1`` (pads at 0),
+    so a left-padded prompt gets the same distances as alone; ``positions`` (B, T_past + T) sets
+    them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim).
     """
 
     slopes: torch.Tensor
@@ -28,7 +33,7 @@ class ALiBiMultiheadAttention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, causal: bool = False,
         schedule: str = "paper", max_bias: float = 8.0, slopes=None, bias: bool = True,
-        device=None, dtype=None,
+        softmax_scale: float | None = None, device=None, dtype=None,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -43,6 +48,7 @@ class ALiBiMultiheadAttention(nn.Module):
             raise ValueError(f"need one slope per head: {n_heads} heads, got {slopes.numel()} slopes")
         self.d_model, self.n_heads, self.n_kv_heads, self.causal = d_model, n_heads, n_kv_heads, causal
         self.head_dim = d_model // n_heads
+        self.softmax_scale = softmax_scale
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.q_proj = nn.Linear(d_model, d_model, **kw)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, **kw)
@@ -63,7 +69,7 @@ class ALiBiMultiheadAttention(nn.Module):
         B, T, _ = x.shape
         return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hs)
 
-    def forward(self, x: torch.Tensor, *, past_kv=None, use_cache: bool = False):
+    def forward(self, x: torch.Tensor, *, attention_mask=None, positions=None, past_kv=None, use_cache: bool = False):
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}), got {tuple(x.shape)}")
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, nh, T, hs)
@@ -72,7 +78,8 @@ class ALiBiMultiheadAttention(nn.Module):
         if past_kv is not None:
             k = torch.cat([past_kv[0], k], dim=2)  # (B, nkv, T_past + T, hs)
             v = torch.cat([past_kv[1], v], dim=2)
-        y = alibi_attention(q, k, v, self.slopes, causal=self.causal)  # (B, nh, T, hs)
+        y = alibi_attention(q, k, v, self.slopes, causal=self.causal, scale=self.softmax_scale,
+                            **_padding(attention_mask, positions, x.shape[0], k.shape[2], x.shape[1]))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(x.shape)  # (B, T, C)
         out = self.out_proj(y)
         return (out, (k, v)) if use_cache else out
@@ -80,3 +87,16 @@ class ALiBiMultiheadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"causal={self.causal}")
+
+
+def _padding(attention_mask, positions, batch: int, n_keys: int, n_queries: int) -> dict:
+    """alibi_attention's key_padding_mask and positions from a layer's (B, T_past + T) mask and positions."""
+    if attention_mask is None and positions is None:
+        return {}
+    for name, given in (("attention_mask", attention_mask), ("positions", positions)):
+        if given is not None and tuple(given.shape) != (batch, n_keys):
+            raise ValueError(f"{name} must be (B, T_past + T) = {(batch, n_keys)}, got {tuple(given.shape)}")
+    keep = None if attention_mask is None else attention_mask.bool()
+    if positions is None:  # BLOOM's convention: count the real tokens; pads sit at 0
+        positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
+    return {"key_padding_mask": keep, "k_positions": positions, "q_positions": positions[:, -n_queries:]}

@@ -1,0 +1,144 @@
+"""Padded batches and explicit positions: alibi_attention and ALiBiMultiheadAttention, held to plain runs."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from alibi_ref import ALiBiMultiheadAttention, alibi_attention, alibi_bias, get_slopes
+from alibi_ref.bias import positional_bias
+
+
+@given(st.integers(1, 3), st.integers(1, 6), st.integers(1, 6), st.booleans(), st.integers(0, 2**31 - 1))
+def test_positional_bias_is_the_definition_entry_by_entry(batch, q_len, k_len, causal, seed):
+    rng = np.random.default_rng(seed)
+    slopes = get_slopes(3)
+    q_pos, k_pos = rng.integers(0, 9, (batch, q_len)), rng.integers(0, 9, (batch, k_len))
+    keep = rng.random((batch, k_len)) > 0.3
+    bias = positional_bias(slopes, q_pos, k_pos, causal=causal, key_padding_mask=keep)
+    assert bias.shape == (batch, 3, q_len, k_len)
+    for b in range(batch):
+        for h, m in enumerate(slopes):
+            for i in range(q_len):
+                for j in range(k_len):
+                    hidden = not keep[b, j] or (causal and k_pos[b, j] > q_pos[b, i])
+                    want = -np.inf if hidden else -m * abs(q_pos[b, i] - k_pos[b, j])
+                    assert bias[b, h, i, j] == want, (b, h, i, j)
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_positions_and_an_all_true_mask_change_nothing(impl, causal):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 3, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 4, 7, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    plain = alibi_attention(q, k, v, get_slopes(4), causal=causal, impl=impl)
+    explicit = alibi_attention(q, k, v, get_slopes(4), causal=causal, impl=impl, q_positions=torch.arange(4, 7),
+                               k_positions=torch.arange(7), key_padding_mask=torch.ones(2, 7, dtype=torch.bool))
+    torch.testing.assert_close(explicit, plain, rtol=0, atol=1e-12)
+
+
+def _left_padded(lengths, width, d_model, gen):
+    """Prompts of the given lengths, left-padded to ``width``: (x (B, width, d), mask (B, width), prompts)."""
+    prompts = [torch.randn(1, n, d_model, generator=gen, dtype=torch.float64) for n in lengths]
+    x = torch.zeros(len(lengths), width, d_model, dtype=torch.float64)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        x[b, width - p.shape[1]:] = p[0]
+        mask[b, width - p.shape[1]:] = True
+    return x, mask, prompts
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_left_padded_batch_equals_each_prompt_alone(causal):
+    gen = torch.Generator().manual_seed(1)
+    layer = ALiBiMultiheadAttention(16, 4, n_kv_heads=2, causal=causal, dtype=torch.float64)
+    x, mask, prompts = _left_padded([5, 3, 1], 5, 16, gen)
+    batched = layer(x, attention_mask=mask)
+    for b, prompt in enumerate(prompts):
+        alone = layer(prompt)
+        torch.testing.assert_close(batched[b, 5 - prompt.shape[1]:], alone[0], rtol=0, atol=1e-12)
+
+
+def test_decoding_a_left_padded_batch_with_the_cache_equals_the_full_run():
+    gen = torch.Generator().manual_seed(2)
+    layer = ALiBiMultiheadAttention(16, 4, causal=True, dtype=torch.float64)
+    x, mask, _ = _left_padded([4, 2], 4, 16, gen)
+    step = torch.randn(2, 1, 16, generator=gen, dtype=torch.float64)
+    full_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.bool)], dim=1)
+    full = layer(torch.cat([x, step], dim=1), attention_mask=full_mask)
+    _, cache = layer(x, attention_mask=mask, use_cache=True)
+    decoded = layer(step, attention_mask=full_mask, past_kv=cache)
+    torch.testing.assert_close(decoded[:, 0], full[:, -1], rtol=0, atol=1e-12)
+
+
+def test_bloom_left_padding_convention_gives_the_same_weights():
+    """BLOOM's build_alibi_tensor: positions (mask.cumsum(-1) - 1) * mask, bias +m * position (key-only),
+    added under the causal and padding masks. Its weights on real queries are alibi_ref's."""
+    gen = torch.Generator().manual_seed(3)
+    H, width = 4, 6
+    slopes = torch.tensor(get_slopes(H), dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]])
+    q, k, v = (torch.randn(3, H, width, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    # BLOOM, as written in transformers' modeling_bloom.py
+    arange_tensor = ((mask.cumsum(dim=-1) - 1) * mask)[:, None, :]  # (B, 1, T)
+    alibi = slopes[None, :, None] * arange_tensor  # (B, H, T): +m * key position
+    scores = q @ k.transpose(-1, -2) / 8**0.5 + alibi[:, :, None, :]
+    hidden = torch.ones(width, width, dtype=torch.bool).triu(1) | ~mask.bool()[:, None, None, :]
+    bloom = scores.masked_fill(hidden, -torch.inf).softmax(-1)
+    positions = ((mask.cumsum(-1) - 1) * mask)
+    _, ours = alibi_attention(q, k, v, slopes, causal=True, key_padding_mask=mask.bool(), q_positions=positions,
+                              k_positions=positions, return_weights=True)
+    real = mask.bool()[:, None, :, None].expand_as(ours)  # rows of real queries
+    torch.testing.assert_close(ours[real], bloom[real], rtol=0, atol=1e-12)
+
+
+def test_a_row_that_sees_no_key_is_zero_and_sdpa_agrees_with_naive():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 3, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    keep = torch.tensor([[True, True, False], [False, False, False]])
+    outs = [alibi_attention(q, k, v, get_slopes(2), key_padding_mask=keep, impl=impl) for impl in ("naive", "sdpa")]
+    assert torch.equal(outs[0][1], torch.zeros_like(outs[0][1])) and torch.isfinite(outs[1]).all()
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-12)
+    numpy_out = alibi_attention(q.numpy(), k.numpy(), v.numpy(), get_slopes(2), key_padding_mask=keep.numpy())
+    np.testing.assert_allclose(numpy_out, outs[0].numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"key_padding_mask": torch.ones(5, dtype=torch.bool)}, r"key_padding_mask must have shape \(4,\) or \(2, 4\)"),
+    ({"k_positions": torch.arange(4.0)}, "k_positions must hold integers"),
+    ({"key_padding_mask": torch.ones(2, 4)}, "key_padding_mask must hold booleans"),
+    ({"q_positions": torch.zeros(3, 4, dtype=torch.long)}, r"q_positions must have shape \(4,\) or \(2, 4\)"),
+    ({"key_padding_mask": torch.ones(4, dtype=torch.bool), "impl": "strided"}, "cannot take key_padding_mask"),
+])
+def test_bad_padding_arguments_say_what_was_expected(kwargs, message):
+    q = k = v = torch.zeros(2, 1, 4, 2)
+    with pytest.raises(ValueError, match=message):
+        alibi_attention(q, k, v, [0.5], **kwargs)
+
+
+def test_the_layer_refuses_a_mask_of_the_wrong_length_and_takes_a_softmax_scale():
+    layer = ALiBiMultiheadAttention(8, 2, dtype=torch.float64)
+    x = torch.randn(1, 3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"attention_mask must be \(B, T_past \+ T\) = \(1, 3\)"):
+        layer(x, attention_mask=torch.ones(1, 4))
+    scaled = ALiBiMultiheadAttention(8, 2, softmax_scale=0.1, dtype=torch.float64)
+    scaled.load_state_dict(layer.state_dict())
+    assert not torch.allclose(scaled(x), layer(x))
+    layer.softmax_scale = 0.1
+    torch.testing.assert_close(scaled(x), layer(x))
+
+
+def test_alibi_bias_takes_a_dtype_and_a_device():
+    slopes = get_slopes(4)
+    as_tensor = alibi_bias(slopes, 3, 5, causal=True, device="cpu")
+    assert isinstance(as_tensor, torch.Tensor) and as_tensor.dtype == torch.float64
+    np.testing.assert_array_equal(as_tensor.numpy(), alibi_bias(slopes, 3, 5, causal=True))
+    half = alibi_bias([0.5], 1, 1000, dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and half.device.type == "cpu"
+    # built in float32 and cast last: the entries next to the diagonal are exact even at length 1000
+    assert half[0, 0, -3:].tolist() == [-1.0, -0.5, 0.0]
+    assert alibi_bias([0.5], 2, dtype=np.float32).dtype == np.float32
+    meta = alibi_bias(torch.ones(2), 4, device="meta")
+    assert meta.device.type == "meta" and meta.shape == (2, 4, 4)
