@@ -126,7 +126,7 @@ class Report:
             cells = [f"{rows[n]['score']:g}{marks.get(rows[n]['status'], ' ?')}" for n in self.notebooks]
             total = sum(rows[n]["score"] for n in self.notebooks)
             lines.append(f"{student:<{width}} " + " ".join(f"{c:>7}" for c in cells) + f" {total:>7g}")
-        lines.append("marks: - missing, U unreadable, C crashed, T timed out, F flagged (tampering), "
+        lines.append("marks: - missing, U unreadable, C crashed, T timed out, F flagged (reaches for the reference), "
                      "E grading error, I invalid id; details in grades.csv")
         return "\n".join(lines)
 
