@@ -177,17 +177,10 @@ class Other:
     what: str  # a value that is not numbers
 
 
-@dataclass(frozen=True)
-class Raised:
-    error: str  # "ValueError: ..."
-
-
 # ----------------------------------------------------------------------------- the guard against the reference
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _COURSE_DIR = os.path.join(_PACKAGE_DIR, "course")
-
-
 _EXERCISES_FILE = os.path.join(_COURSE_DIR, "exercises.py")
 
 
@@ -219,6 +212,9 @@ def _lend(fn: Callable) -> Callable:
         return fn(*args, **kwargs)
 
     return lent
+
+
+_ANY_LENT = _lend(len)  # every lent function runs this one wrapper's code: trusting it trusts them all
 
 
 class ReferenceGuard:
@@ -268,7 +264,7 @@ def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False
         where = str(case.device or device or "cpu")
         args = tuple(_to_torch(a, where, case.input_dtype) for a in args)
         kwargs = {k: _to_torch(v, where, case.input_dtype) for k, v in kwargs.items()}
-    guard = ReferenceGuard(ex.allowed + ((_lend(len),) if lent else ()))
+    guard = ReferenceGuard(ex.allowed + ((_ANY_LENT,) if lent else ()))
     try:
         with guard:
             value = ex.adapter(answer, *args, **kwargs) if ex.adapter else answer(*args, **kwargs)
