@@ -37,19 +37,24 @@ class Dims(NamedTuple):
     head_dim: int
 
 
-def naive_attention(q, k, v, bias, scale: float):
+def naive_attention(q, k, v, bias, scale: float, dropout_p: float = 0.0):
     """softmax(q k^T * scale + bias) v, returning (output, weights). The specification.
 
-    q (..., H, i, d), k (..., H, j, d), v (..., H, j, d_v), bias (H, i, j).
+    q (..., H, i, d), k (..., H, j, d), v (..., H, j, d_v), bias (H, i, j) or (..., H, i, j).
+    ``dropout_p`` (tensors only): dropout on the weights, as SDPA applies it.
     """
     scores = (q @ k.swapaxes(-1, -2)) * scale  # (..., H, i, j)
     # ALiBi: the bias goes in after the scaling, unscaled
     scores = scores + bias
     weights = softmax(scores)  # rows sum to 1 over the keys j
+    if dropout_p:
+        import torch.nn.functional as F
+
+        weights = F.dropout(weights, dropout_p)
     return weights @ v, weights  # (..., H, i, d_v), (..., H, i, j)
 
 
-def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
+def _sdpa_attention(q, k, v, bias, scale: float, groups: int, dropout_p: float = 0.0):
     """torch's fused scaled_dot_product_attention with the bias as a float mask.
 
     The -inf of a causal mask is already folded into the bias: SDPA refuses a float
@@ -62,7 +67,8 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int):
     if bias.ndim < q.ndim:  # (H, i, j) -> (1.., H, i, j)
         bias = bias.reshape((1,) * (q.ndim - bias.ndim) + tuple(bias.shape))
     bias = bias.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1,
+                                          dropout_p=dropout_p)
 
 
 def flex_available() -> bool:
@@ -118,11 +124,15 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     return Dims(n_heads, n_kv_heads, q_len, k_len, head_dim)
 
 
-def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False) -> str:
+def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
+                dropout: bool = False) -> str:
     """The path to run. ``positional``: the call has key padding or explicit positions, which only the
-    paths with a materialised bias (naive, sdpa) take."""
+    paths with a materialised bias (naive, sdpa) take. ``dropout``: attention dropout, which
+    FlexAttention does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if dropout and impl == "flex":
+        raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
     if positional and impl in ("strided", "flex"):
         raise ValueError(f"impl={impl!r} cannot take key_padding_mask or positions; use 'sdpa' or 'naive' "
                          "('auto' picks sdpa for tensors)")
@@ -137,14 +147,14 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
             return "naive"
         if q.device.type != "cuda":
             return "strided"
-        return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() else "sdpa"
+        return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() and not dropout else "sdpa"
     return impl
 
 
 def alibi_attention(
     q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
     return_weights: bool = False, impl: str = "auto",
-    key_padding_mask=None, q_positions=None, k_positions=None,
+    key_padding_mask=None, q_positions=None, k_positions=None, dropout_p: float = 0.0,
 ):
     """ALiBi attention; returns the output (..., H, q_len, d_v), and the weights if asked.
 
@@ -170,6 +180,8 @@ def alibi_attention(
     (positions from ``mask.cumsum(-1) - 1``, as BLOOM does), packed sequences, caches with gaps.
     These run on the naive and sdpa paths ("auto" picks sdpa for tensors). A query row that sees
     no key at all gives zeros.
+
+    ``dropout_p``: attention dropout on the weights (torch only; pass 0 outside training).
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -178,10 +190,11 @@ def alibi_attention(
     groups = dims.n_heads // dims.n_kv_heads
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
+    dropout_p = _check_dropout(dropout_p, q)
     positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions)
-    chosen = choose_impl(impl, q, dims, return_weights, positional is not None)
+    chosen = choose_impl(impl, q, dims, return_weights, positional is not None, dropout_p > 0)
     if positional is not None:
-        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, out_dtype)
+        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, out_dtype, dropout_p)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
@@ -189,19 +202,29 @@ def alibi_attention(
     if chosen == "strided":
         from .strided import strided_alibi_attention
 
-        return strided_alibi_attention(q, k, v, slopes, scale, causal, groups)
+        return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
-    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, out_dtype)
+    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, out_dtype, dropout_p)
 
 
-def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, out_dtype):
+def _check_dropout(dropout_p, q) -> float:
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p and not is_tensor(q):
+        raise ValueError("attention dropout needs torch tensors (it is for training)")
+    return dropout_p
+
+
+def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, out_dtype,
+               dropout_p: float = 0.0):
     """Attention with a materialised bias, (H, i, j) or (..., H, i, j), on the sdpa or naive path."""
     if chosen == "sdpa":
-        return _rows_with_no_key_are_zero(_sdpa_attention(q, k, v, bias, scale, groups), bias)
+        return _rows_with_no_key_are_zero(_sdpa_attention(q, k, v, bias, scale, groups, dropout_p), bias)
     # 16-bit inputs are computed in float32 and rounded once at the end
     _, work = float_dtypes(q)
     k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
-    out, weights = naive_attention(cast(q, work), k, v, bias, scale)
+    out, weights = naive_attention(cast(q, work), k, v, bias, scale, dropout_p)
     out = cast(_rows_with_no_key_are_zero(out, bias), out_dtype)
     return (out, cast(_rows_with_no_key_are_zero(weights, bias), out_dtype)) if return_weights else out
 

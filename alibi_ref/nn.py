@@ -25,7 +25,8 @@ class ALiBiMultiheadAttention(nn.Module):
     Padded batches: ``attention_mask`` (B, T_past + T), True (or 1) where a token exists, as in
     Hugging Face. Positions then default to BLOOM's ``attention_mask.cumsum(-1) - 1`` (pads at 0),
     so a left-padded prompt gets the same distances as alone; ``positions`` (B, T_past + T) sets
-    them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim).
+    them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim); ``dropout`` is
+    attention dropout on the weights, in training mode only.
     """
 
     slopes: torch.Tensor
@@ -33,7 +34,7 @@ class ALiBiMultiheadAttention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, causal: bool = False,
         schedule: str = "paper", max_bias: float = 8.0, slopes=None, bias: bool = True,
-        softmax_scale: float | None = None, device=None, dtype=None,
+        softmax_scale: float | None = None, dropout: float = 0.0, device=None, dtype=None,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -41,6 +42,8 @@ class ALiBiMultiheadAttention(nn.Module):
             raise ValueError(f"d_model must be a multiple of n_heads >= 1, got d_model={d_model}, n_heads={n_heads}")
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if slopes is None:
             slopes = get_slopes(n_heads, schedule, max_bias=max_bias)
         slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()
@@ -49,6 +52,7 @@ class ALiBiMultiheadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads, self.causal = d_model, n_heads, n_kv_heads, causal
         self.head_dim = d_model // n_heads
         self.softmax_scale = softmax_scale
+        self.dropout = dropout
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.q_proj = nn.Linear(d_model, d_model, **kw)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, **kw)
@@ -79,6 +83,7 @@ class ALiBiMultiheadAttention(nn.Module):
             k = torch.cat([past_kv[0], k], dim=2)  # (B, nkv, T_past + T, hs)
             v = torch.cat([past_kv[1], v], dim=2)
         y = alibi_attention(q, k, v, self.slopes, causal=self.causal, scale=self.softmax_scale,
+                            dropout_p=self.dropout if self.training else 0.0,
                             **_padding(attention_mask, positions, x.shape[0], k.shape[2], x.shape[1]))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(x.shape)  # (B, T, C)
         out = self.out_proj(y)

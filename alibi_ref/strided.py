@@ -63,11 +63,13 @@ def hankel_view(row, rows: range, n_keys: int):
 
 
 @over_flat_batch
-def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None = None):
+def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None = None,
+                            dropout_p: float = 0.0):
     """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
 
     ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
-    query rows per kernel call under a causal mask, ``causal_block`` unless given.
+    query rows per kernel call under a causal mask, ``causal_block`` unless given. ``dropout_p``:
+    the kernel's attention dropout.
     """
     import torch
     import torch.nn.functional as F
@@ -85,7 +87,7 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
         start = rows.stop
         blocks.append(F.scaled_dot_product_attention(
             reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
-            attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1,
+            attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p,
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
