@@ -98,7 +98,7 @@ def cmd_bench(args) -> None:
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
                paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype,
-               default_malloc=args.default_malloc)
+               default_malloc=args.default_malloc, backward=args.backward, batch=args.batch)
     print(table(rows))
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
@@ -140,6 +140,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=10, help="timed runs per measurement; the median is reported")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k and v")
+    p.add_argument("--backward", action="store_true", help="also time forward+backward (training), beside forward")
+    p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
     p.add_argument("--keep-denormals", action="store_true",
                    help="measure without flushing subnormal floats to zero (see alibi_ref.denormals)")

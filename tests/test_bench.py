@@ -23,14 +23,20 @@ def test_a_measurement_reports_time_and_the_bias_memory():
 def test_bench_command_writes_a_table_json_and_plot(tmp_path):
     cmd = [sys.executable, "-m", "alibi_ref", "bench", "--sizes", "128", "256", "--heads", "2", "--head-dim", "16",
            "--repeat", "2", "--paths", "plain_sdpa", "naive", "strided_mask", "--output", str(tmp_path),
-           "--keep-denormals", "--dtype", "bfloat16", "--default-malloc"]
+           "--keep-denormals", "--dtype", "bfloat16", "--default-malloc", "--backward", "--batch", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     written = json.loads((tmp_path / "bench.json").read_text())
     settings = written["settings"]
     assert settings["keep_denormals"] is True and settings["default_malloc"] is True and settings["dtype"] == "bfloat16"
+    assert settings["backward"] is True and settings["batch"] == 2
     rows = written["rows"]
-    assert len(rows) == 2 * 2 * 3
+    assert len(rows) == 2 * 2 * 2 * 3, "sizes x masks x (forward, forward+backward) x paths"
+    assert {r["pass"] for r in rows} == {"fwd", "fwd+bwd"} and {r["batch"] for r in rows} == {2}
+    for fwd in (r for r in rows if r["pass"] == "fwd" and r["path"] == "plain_sdpa"):
+        both = next(r for r in rows if r["pass"] == "fwd+bwd" and (r["path"], r["n"], r["causal"]) ==
+                    (fwd["path"], fwd["n"], fwd["causal"]))
+        assert both["seconds"] > fwd["seconds"], "the backward pass is timed too"
     for row in rows:
         assert row["seconds"] > 0 and row["ratio"] > 0, row
         if row["path"] == "plain_sdpa":
@@ -38,7 +44,7 @@ def test_bench_command_writes_a_table_json_and_plot(tmp_path):
         else:  # against plain SDPA timed in the same process
             assert row["ratio"] == pytest.approx(row["seconds"] / row["plain_seconds"]), row
     assert (tmp_path / "bench.png").stat().st_size > 10_000
-    assert "x plain" in done.stdout
+    assert "x plain" in done.stdout and "fwd+bwd" in done.stdout
 
 
 def test_a_failing_path_is_reported_not_fatal():

@@ -300,6 +300,8 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     chosen = cases(name, seed)
     if ex.warm_up is not None:
         ex.warm_up(device)
+    if any(case.device == "meta" for case in chosen):
+        _warm_up_meta()
     call = answer if callable(answer) else functools.partial(_look_up, answer)
     payload = {"exercise": name, "seed": seed, "results": [_call(call, case, ex, device) for case in chosen]}
     upstream = [n for n in ex.upstream if callable(answer) and n in getattr(answer, "__globals__", {})]
@@ -308,6 +310,14 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
         payload["upstream"] = upstream
         payload["with_reference_upstream"] = [_call(rebound, case, ex, device, lent=True) for case in chosen]
     return payload
+
+
+def _warm_up_meta() -> None:
+    """torch loads its meta-device kernels on first use (about a second, several under the guard's hook)."""
+    import torch
+
+    (torch.arange(3, device="meta")[:, None] - torch.ones(2, device="meta")).abs().masked_fill(
+        torch.ones(3, 2, dtype=torch.bool, device="meta"), 0.0).softmax(-1)
 
 
 def _look_up(values, *path):

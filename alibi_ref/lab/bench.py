@@ -46,8 +46,12 @@ def _path(name: str, slopes, causal: bool):
 
 
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
-            keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False) -> dict:
+            keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False,
+            backward: bool = False, batch: int = 1) -> dict:
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs.
+
+    ``backward``: time the forward and the backward pass together (what training costs), the
+    gradient of every input; ``batch``: the batch size B of (B, H, N, d).
 
     ``against_plain``: time plain SDPA too, call for call in turn with the path, so that the
     ratio compares the two under the same conditions (on shared cores one process can run measurably
@@ -63,8 +67,9 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
         flush_denormals()  # for every path alike, before torch starts its threads: see alibi_ref.denormals
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
-               for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
+               .requires_grad_(backward) for _ in range(3))
+    upstream = torch.randn(batch, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
     fn = _path(path, slopes, causal)
 
@@ -74,7 +79,10 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
 
     def seconds(f) -> float:
         start = time.perf_counter()
-        f(q, k, v)
+        out = f(q, k, v)
+        if backward:
+            q.grad = k.grad = v.grad = None
+            out.backward(upstream)
         sync()
         return time.perf_counter() - start
 
@@ -88,8 +96,10 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
             if plain:
                 plain_times.append(seconds(plain))
     median = statistics.median(times)
-    flops = 4 * heads * n * n * head_dim * (0.5 if causal else 1.0)
-    row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9}
+    # forward: two (N x N x d) products per head; the backward pass does about 2.5 times that
+    flops = 4 * batch * heads * n * n * head_dim * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+    row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9,
+           "pass": "fwd+bwd" if backward else "fwd", "batch": batch}
     if plain:
         row["plain_seconds"] = statistics.median(plain_times)
     return row if against_plain else {**row, "peak_bytes": memory.peak}
@@ -177,15 +187,17 @@ def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
 
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
-        dtype: str = "float32", default_malloc: bool = False) -> list[dict]:
+        dtype: str = "float32", default_malloc: bool = False, backward: bool = False, batch: int = 1) -> list[dict]:
+    """Every path at every size, both masks; with ``backward`` a forward+backward row beside each forward one."""
     from tqdm import tqdm
 
-    jobs = [(n, causal, path) for n in sizes for causal in (False, True) for path in paths]
+    passes = (False, True) if backward else (False,)
+    jobs = [(n, causal, path, bwd) for n in sizes for causal in (False, True) for bwd in passes for path in paths]
     rows = []
-    for n, causal, path in tqdm(jobs, desc="bench", disable=None if progress else True):
+    for n, causal, path, bwd in tqdm(jobs, desc="bench", disable=None if progress else True):
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
                 "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
-                "dtype": dtype}
+                "dtype": dtype, "backward": bwd, "batch": batch}
         rows.append(measure_in_fresh_process(spec, default_malloc))
     for r in rows:
         if "seconds" in r:
@@ -193,17 +205,19 @@ def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: 
     if output is not None:
         write(rows, Path(output), {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim,
                                    "repeat": repeat, "keep_denormals": keep_denormals,
-                                   "default_malloc": default_malloc})
+                                   "default_malloc": default_malloc, "backward": backward, "batch": batch})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'N':>6} {'causal':>6} {'path':<16} {'median ms':>10} {'x plain':>8} {'GFLOP/s':>8} {'peak MiB':>9}"]
+    lines = [f"{'N':>6} {'causal':>6} {'pass':>7} {'path':<16} {'median ms':>10} {'x plain':>8} {'GFLOP/s':>8} "
+             f"{'peak MiB':>9}"]
     for r in rows:
+        kind = "fwd+bwd" if r.get("backward") or r.get("pass") == "fwd+bwd" else "fwd"
         if "error" in r:
-            lines.append(f"{r['n']:>6} {r['causal']!s:>6} {r['path']:<16} error: {r['error'][:60]}")
+            lines.append(f"{r['n']:>6} {r['causal']!s:>6} {kind:>7} {r['path']:<16} error: {r['error'][:60]}")
             continue
-        lines.append(f"{r['n']:>6} {r['causal']!s:>6} {r['path']:<16} {1e3 * r['seconds']:>10.2f} "
+        lines.append(f"{r['n']:>6} {r['causal']!s:>6} {kind:>7} {r['path']:<16} {1e3 * r['seconds']:>10.2f} "
                      f"{r.get('ratio', math.nan):>8.2f} {r['gflops']:>8.1f} {r['peak_bytes'] / 2**20:>9.1f}")
     return "\n".join(lines)
 
@@ -217,7 +231,8 @@ def write(rows: list[dict], output: Path, settings: dict) -> None:
     ax_time, ax_mem = fig.subplots(1, 2)
     for index, path in enumerate(dict.fromkeys(r["path"] for r in rows)):  # a colour per path, a line style per mask
         for causal, style in ((False, "-"), (True, "--")):
-            pts = [r for r in rows if r["path"] == path and r["causal"] == causal and "seconds" in r]
+            pts = [r for r in rows if r["path"] == path and r["causal"] == causal and "seconds" in r
+                   and r.get("pass", "fwd") == "fwd"]
             if pts:
                 label = f"{path} ({'causal' if causal else 'symmetric'})"
                 line = {"linestyle": style, "marker": "o", "color": f"C{index % 10}"}
