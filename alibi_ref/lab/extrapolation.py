@@ -25,6 +25,7 @@ from torch import nn
 
 from ..attention import alibi_attention
 from ..slopes import get_slopes
+from .figures import table  # noqa: F401  (the results' text table lives with their plots, free of torch)
 
 METHODS = ("alibi", "sinusoidal", "rotary", "none", "learned")
 
@@ -218,19 +219,6 @@ def run(s: Settings, methods=METHODS, output: Path | None = None, progress: bool
     if output is not None:
         write(results, Path(output))
     return results
-
-
-def table(results: dict) -> str:
-    lengths = list(next(iter(results["perplexity"].values())))
-    L = results["settings"]["context"]
-    head = f"{'method':<11}" + "".join(f"{f'{int(n) // L}L={n}':>12}" for n in lengths) + f"{'seconds':>9}"
-    lines = [f"perplexity per byte on {results['held_out_bytes']} held-out bytes (trained at L = {L})", head]
-    for method, row in results["perplexity"].items():
-        cells = "".join(f"{v:>12.3f}" if isinstance(v, float) else f"{'error':>12}" for v in row.values())
-        lines.append(f"{method:<11}{cells}{results['seconds'][method]:>9.1f}")
-    if any(isinstance(v, str) for row in results["perplexity"].values() for v in row.values()):
-        lines.append("error: learned absolute positions have no embedding past L (nanoGPT asserts the same)")
-    return "\n".join(lines)
 
 
 def write(results: dict, output: Path) -> None:

@@ -1,4 +1,4 @@
-"""Figures of the lab's results, drawn without torch so the notebooks can import them cheaply.
+"""Figures and tables of the lab's results, made without torch so the notebooks can import them cheaply.
 
 Each function takes an optional matplotlib ``ax`` and returns the figure; without an ``ax`` it
 draws on a new standalone ``Figure`` (not one of pyplot's), so widget callbacks leave no pyplot
@@ -59,3 +59,16 @@ def extrapolation_curves(results: dict, ax=None, *, methods=None, max_length: in
 def evaluated_lengths(results: dict) -> list[int]:
     """Every evaluation length in ``extrapolate``'s results, shortest first."""
     return sorted({int(n) for row in results["perplexity"].values() for n in row})
+
+
+def table(results: dict) -> str:
+    lengths = list(next(iter(results["perplexity"].values())))
+    L = results["settings"]["context"]
+    head = f"{'method':<11}" + "".join(f"{f'{int(n) // L}L={n}':>12}" for n in lengths) + f"{'seconds':>9}"
+    lines = [f"perplexity per byte on {results['held_out_bytes']} held-out bytes (trained at L = {L})", head]
+    for method, row in results["perplexity"].items():
+        cells = "".join(f"{v:>12.3f}" if isinstance(v, float) else f"{'error':>12}" for v in row.values())
+        lines.append(f"{method:<11}{cells}{results['seconds'][method]:>9.1f}")
+    if any(isinstance(v, str) for row in results["perplexity"].values() for v in row.values()):
+        lines.append("error: learned absolute positions have no embedding past L (nanoGPT asserts the same)")
+    return "\n".join(lines)
