@@ -173,8 +173,6 @@ def grade(submissions, output="grading", *, workers: int | None = None, timeout:
         memory_bytes=int(memory_gib * 2**30), sandbox=sandbox,
     )
     warn_if_unsandboxed(SandboxPolicy(use_bwrap=sandbox))
-    from alibi_ref.course import exercises  # noqa: F401  (the checks' definitions, loaded once before the workers fork)
-
     # nbgrader runs its database migrations with the `alembic` program of this environment
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
