@@ -58,25 +58,24 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-ATTENTION_MISTAKES = {  # hint -> the flag that makes it
-    "the scores are not divided by sqrt(d) (the chapter's step 2)": {"scale": False},
-    "the ALiBi bias is divided by sqrt(d) too: the bias goes in after the scaling, unscaled": {"bias_scaled": True},
-    "the bias has the wrong sign: it should penalise distance, -m * |i - j|": {"sign": 1.0},
-    "softmax runs over the queries (axis -2): each query's weights over the keys (the last axis) should sum to 1":
-        {"axis": -2},
-    "the queries sit at the start of the keys: with fewer queries than keys they are the last positions, "
-    "i + (k_len - q_len)": {"align": "start"},
-    "the causal mask hides the wrong triangle: keys j > i are the future": {"triangle": "lower"},
+ATTENTION_MISTAKES = {  # name -> (the hint a student reads, the flags of attention_variant / variant_bias that make it)
+    "no_scale": ("the scores are not divided by sqrt(d) (the chapter's step 2)", {"scale": False}),
+    "bias_scaled": ("the ALiBi bias is divided by sqrt(d) too: the bias goes in after the scaling, unscaled",
+                    {"bias_scaled": True}),
+    "sign": ("the bias has the wrong sign: it should penalise distance, -m * |i - j|", {"sign": 1.0}),
+    "axis": ("softmax runs over the queries (axis -2): each query's weights over the keys (the last axis) should "
+             "sum to 1", {"axis": -2}),
+    "start": ("the queries sit at the start of the keys: with fewer queries than keys they are the last positions, "
+              "i + (k_len - q_len)", {"align": "start"}),
+    "triangle": ("the causal mask hides the wrong triangle: keys j > i are the future", {"triangle": "lower"}),
+    "key_only": ("this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)",
+                 {"key_only": True}),
 }
 
 
-def attention_mistakes(make, flags=ATTENTION_MISTAKES):
-    """Mistake objects from ``make(**flags)``, a function with the exercise's signature."""
-    return tuple(Mistake(hint, make(**f)) for hint, f in flags.items())
-
-
-def _pick(flags: dict, names) -> dict:
-    return {k: v for k, v in flags.items() if any(n in k for n in names)}
+def attention_mistakes(make, *names: str) -> tuple[Mistake, ...]:
+    """The named classic mistakes, each computed by ``make(**flags)``: a function with the exercise's signature."""
+    return tuple(Mistake(ATTENTION_MISTAKES[n][0], make(**ATTENTION_MISTAKES[n][1])) for n in names)
 
 
 # ----------------------------------------------------------------------------- 01: slopes and the bias
@@ -130,7 +129,6 @@ def _bias_cases(rng):
             for s, q, k, c in chosen]
 
 
-_BIAS_MISTAKES = _pick(ATTENTION_MISTAKES, ("sign", "start of the keys", "triangle"))
 
 exercise(Exercise(
     "alibi_bias",
@@ -143,7 +141,7 @@ exercise(Exercise(
     hidden=_bias_cases,
     reference=lambda slopes, q_len, k_len=None, causal=False: alibi_bias(np.asarray(slopes, float), q_len, k_len,
                                                                          causal=causal),
-    mistakes=tuple(Mistake(h, _bias_variant(**f)) for h, f in _BIAS_MISTAKES.items()),
+    mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle"),
 ))
 
 
@@ -181,7 +179,6 @@ def alibi_head_reference(Qh, Kh, Vh, slope):
     return weights[0], out[0]
 
 
-_HEAD_MISTAKES = _pick(ATTENTION_MISTAKES, ("sqrt(d)", "sign", "axis"))
 
 
 def _head_cases(rng):
@@ -198,7 +195,8 @@ exercise(Exercise(
                      Case("alibi_head(head 2 of the chapter's example, slope 1/4)", (*_columns(2, 4), 0.25))],
     hidden=_head_cases,
     reference=alibi_head_reference,
-    mistakes=tuple(Mistake(h, lambda q, k, v, m, f=f: _head(q, k, v, m, **f)) for h, f in _HEAD_MISTAKES.items()),
+    mistakes=attention_mistakes(lambda **f: lambda q, k, v, m: _head(q, k, v, m, **f),
+                                "no_scale", "bias_scaled", "sign", "axis"),
     upstream=("softmax",),
 ))
 
@@ -227,7 +225,7 @@ exercise(Exercise(
     visible=lambda: [Case("multi_head(Q, K, V, [0.5, 0.25]): the chapter's example", (Q, K, V, [0.5, 0.25]))],
     hidden=_multi_cases,
     reference=lambda Q_, K_, V_, slopes: multi_head_alibi(Q_, K_, V_, len(slopes), slopes),
-    mistakes=tuple(Mistake(h, _multi_head_variant(**f)) for h, f in _HEAD_MISTAKES.items()),
+    mistakes=attention_mistakes(_multi_head_variant, "no_scale", "bias_scaled", "sign", "axis"),
     upstream=("alibi_head", "softmax"),
 ))
 
@@ -271,8 +269,8 @@ exercise(Exercise(
     visible=lambda: [Case("standard_attention(Q, K, V, 2): the chapter's example", (Q, K, V, 2))],
     hidden=_standard_cases,
     reference=standard_reference,
-    mistakes=tuple(Mistake(h, lambda Q_, K_, V_, n, f=f: _multi_head_variant(**f)(Q_, K_, V_, np.zeros(n)))
-                   for h, f in _pick(ATTENTION_MISTAKES, ("sqrt(d) (the", "axis")).items()),
+    mistakes=attention_mistakes(lambda **f: lambda Q_, K_, V_, n: _multi_head_variant(**f)(Q_, K_, V_, np.zeros(n)),
+                                "no_scale", "axis"),
 ))
 
 exercise(Exercise(
@@ -319,8 +317,7 @@ exercise(Exercise(
     hidden=lambda rng: _score_cases("causal_alibi_scores", rng, [(1, 2, 0.5), (8, 3, 0.25), (13, 5, 0.7071)]),
     reference=causal_scores_reference,
     mistakes=(Mistake("this is the symmetric score: causal attention masks the future (-inf where j > i)", _symmetric),
-              *(Mistake(h, _scores_variant(**f)) for h, f in
-                _pick(ATTENTION_MISTAKES, ("sqrt(d) (the", "sign", "triangle")).items())),
+              *attention_mistakes(_scores_variant, "no_scale", "sign", "triangle")),
 ))
 
 
@@ -490,10 +487,6 @@ class MetaShape(Expect):
         return None if got.shape == self.shape else f"{at}expected shape {self.shape}, got {got.shape}"
 
 
-_TORCH_BIAS_MISTAKES = {**_BIAS_MISTAKES,
-                        "this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)":
-                            {"key_only": True}}
-
 
 exercise(Exercise(
     "alibi_bias_torch",
@@ -511,7 +504,7 @@ exercise(Exercise(
         Case("alibi_bias_torch on the meta device (no data: only where the tensors are made)",
              (np.ones(4), 5, 8), {"causal": True}, device="meta", expected=MetaShape((4, 5, 8)))],
     reference=_torch_bias_reference,
-    mistakes=tuple(Mistake(h, _bias_variant(**f)) for h, f in _TORCH_BIAS_MISTAKES.items()),
+    mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle", "key_only"),
     torch_inputs=True,
 ))
 
@@ -544,7 +537,8 @@ def _attention_mistakes_4d(**flags):
     return lambda q, k, v, s, causal=False: attention_variant(q, k, v, s, causal=causal, **flags)[0]
 
 
-_TORCH_ATTENTION_MISTAKES = tuple(Mistake(h, _attention_mistakes_4d(**f)) for h, f in ATTENTION_MISTAKES.items())
+_TORCH_ATTENTION_MISTAKES = attention_mistakes(_attention_mistakes_4d, "no_scale", "bias_scaled", "sign", "axis",
+                                               "start", "triangle")
 
 exercise(Exercise(
     "alibi_attention_torch",
