@@ -194,7 +194,8 @@ def alibi_attention(
     positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions)
     chosen = choose_impl(impl, q, dims, return_weights, positional is not None, dropout_p > 0)
     if positional is not None:
-        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, out_dtype, dropout_p)
+        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
+                          rows_may_see_nothing=True)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
@@ -204,7 +205,7 @@ def alibi_attention(
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
-    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, out_dtype, dropout_p)
+    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p)
 
 
 def _check_dropout(dropout_p, q) -> float:
@@ -216,17 +217,26 @@ def _check_dropout(dropout_p, q) -> float:
     return dropout_p
 
 
-def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, out_dtype,
-               dropout_p: float = 0.0):
-    """Attention with a materialised bias, (H, i, j) or (..., H, i, j), on the sdpa or naive path."""
+def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, dtypes,
+               dropout_p: float = 0.0, rows_may_see_nothing: bool = False):
+    """Attention with a materialised bias, (H, i, j) or (..., H, i, j), on the sdpa or naive path.
+
+    ``dtypes``: (output, working) dtypes. ``rows_may_see_nothing``: key padding can hide every key
+    of a query; such rows are set to 0 (an ALiBi bias alone always leaves each query a key, so the
+    scan is skipped there).
+    """
+    out_dtype, work = dtypes
+
+    def zeroed(x):
+        return _rows_with_no_key_are_zero(x, bias) if rows_may_see_nothing else x
+
     if chosen == "sdpa":
-        return _rows_with_no_key_are_zero(_sdpa_attention(q, k, v, bias, scale, groups, dropout_p), bias)
+        return zeroed(_sdpa_attention(q, k, v, bias, scale, groups, dropout_p))
     # 16-bit inputs are computed in float32 and rounded once at the end
-    _, work = float_dtypes(q)
     k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
     out, weights = naive_attention(cast(q, work), k, v, bias, scale, dropout_p)
-    out = cast(_rows_with_no_key_are_zero(out, bias), out_dtype)
-    return (out, cast(_rows_with_no_key_are_zero(weights, bias), out_dtype)) if return_weights else out
+    out = cast(zeroed(out), out_dtype)
+    return (out, cast(zeroed(weights), out_dtype)) if return_weights else out
 
 
 def _rows_with_no_key_are_zero(x, bias):
