@@ -6,8 +6,8 @@ whole submission, passing cells included. This one records what happened instead
 - a cell that dies (the kernel crashed, ran out of memory or exited) or runs past the
   notebook's time limit gets an error output saying so, and every cell after it a
   "not run" error, so those test cells score 0 while the cells before keep their points;
-- an answer cell flagged by the static screen (``screen.py``: it imports the reference) fails
-  its own exercise's test cell;
+- an answer cell flagged by the static screen (``screen.py``: it reaches for the reference)
+  fails its own exercise's test cell;
 - the outcome (status, reason, seconds) goes into the resources, for ``verdicts.RecordOutcome``
   to write once the verdicts are in.
 """
@@ -111,13 +111,12 @@ class SandboxedExecute(Execute):
 
     def _fail_flagged_exercises(self, findings) -> None:
         """The first test cell after each flagged answer cell (its exercise's) fails, with the reason."""
-        flagged = {f.cell: f for f in findings}
         pending = []
         for cell in self.nb.cells:
             meta = cell.metadata.get("nbgrader", {})
-            if meta.get("grade_id") in flagged and not meta.get("grade"):
-                pending.append(flagged[meta["grade_id"]])
-            elif meta.get("grade") and cell.cell_type == "code" and pending:
+            if not meta.get("grade"):
+                pending += [f for f in findings if f.cell == meta.get("grade_id")]
+            elif cell.cell_type == "code" and pending:
                 reasons = "; ".join(str(f) for f in pending)
                 cell.outputs.append(_error("Flagged", f"no points for this exercise: {reasons}"))
                 pending = []
