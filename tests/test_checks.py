@@ -163,6 +163,33 @@ def test_classic_mistakes_are_named(name, edits, hint):
     assert "Hint:" in v.message and hint in v.message, v.message
 
 
+SCORE_MOD = """
+def alibi_score_mod(slopes, causal=False):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        biased = score - slopes[h] * (q_idx - kv_idx).abs()
+        return torch.where(kv_idx <= q_idx, biased, -float("inf")) if causal else biased
+    return score_mod
+"""
+
+
+@pytest.mark.parametrize(("edit", "expect"), [
+    (None, None),
+    (("score - slopes[h]", "score + slopes[h]"), "wrong sign"),
+    (("biased = score - ", "biased = 0 * score - "), "entries are off"),  # drops the score: caught visibly
+    (("kv_idx <= q_idx", "kv_idx >= q_idx"), "wrong triangle"),
+])
+def test_score_mod_is_judged_as_flex_attention_calls_it(edit, expect):
+    source = SCORE_MOD if edit is None else SCORE_MOD.replace(*edit)
+    namespace = {"torch": torch}
+    exec(source, namespace)
+    for seed in (None, 15):
+        v = verdict("alibi_score_mod", namespace["alibi_score_mod"], seed)
+        if expect is None:
+            assert v.passed, v.message
+        elif seed is None:  # every one of these shows in the visible checks already
+            assert not v.passed and expect in v.message, v.message
+
+
 def test_softmax_over_the_wrong_axis_is_named():
     fn, _ = answer("softmax", ("x.max(axis=-1", "x.max(axis=0"), ("e.sum(axis=-1", "e.sum(axis=0"))
     v = verdict("softmax", fn, 1)

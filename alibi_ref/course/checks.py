@@ -79,7 +79,6 @@ class Exercise:
     torch_inputs: bool = False  # array arguments reach the answer as tensors (on the notebook's device)
     adapter: Callable | None = None  # kernel-side: (answer, *args, **kwargs) -> the value to hand back
     allowed: tuple[Callable, ...] = ()  # course helpers the notebook lets this answer use, reference inside and all
-    warm_up: Callable | None = None  # run once before the guard: one-time library set-up the answer is not timed by
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -298,8 +297,6 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     """Run ``answer`` (a function, or a dict of named values) on the exercise's cases: what the judge reads."""
     ex = _exercise(name)
     chosen = cases(name, seed)
-    if ex.warm_up is not None:
-        ex.warm_up(device)
     if any(case.device == "meta" for case in chosen):
         _warm_up_meta()
     call = answer if callable(answer) else functools.partial(_look_up, answer)

@@ -14,7 +14,7 @@ from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
 from .checks import Case, Exercise, Expect, Leaf, Mistake, exercise
 from .examples import cat_sat_on_mat
-from .harness import peak_and_output, score_mod_outputs, warm_up_flex
+from .harness import peak_and_output, score_mod_outputs
 
 EXAMPLE = cat_sat_on_mat()
 Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
@@ -625,30 +625,34 @@ exercise(Exercise(
 ))
 
 
-def score_mod_reference(slopes, causal=False, q=None, k=None, v=None):
-    if q is not None:
-        return torch_attention_reference(q, k, v, slopes, causal)
-    return alibi_bias(np.asarray(slopes, float), 10, causal=causal)
+def _score_mod_variant(**flags):
+    """What a score_mod makes of ``score`` (a zero 10 x 10 one if None): score + bias, right or with a classic mistake."""
+    def applied(slopes, causal=False, score=None):
+        n = 10 if score is None else score.shape[-1]
+        bias = variant_bias(np.asarray(slopes, float), n, n, causal, **flags)
+        return bias if score is None else np.asarray(score, float) + bias
+    return applied
 
 
-def _flex_visible():
-    rng = np.random.default_rng(3)
-    q, k, v = (rng.normal(size=(1, 4, 16, 8)) for _ in range(3))
-    return [Case(f"flex_attention with your score_mod on (1, 4, 16, 8), causal={c}", (get_slopes(4),),
-                 {"causal": c, "q": q, "k": k, "v": v}, input_dtype="float32", atol=1e-5) for c in (False, True)]
+score_mod_reference = _score_mod_variant()
+
+
+def _score_mod_visible():
+    # what flex_attention does with a score_mod: call it on every (h, q_idx, kv_idx) of the scores
+    score = np.random.default_rng(3).normal(size=(4, 16, 16))
+    return [Case(f"your score_mod on random (4, 16, 16) scores, causal={c}", (get_slopes(4),),
+                 {"causal": c, "score": score}, atol=1e-12) for c in (False, True)]
 
 
 exercise(Exercise(
     "alibi_score_mod",
-    visible=_flex_visible,
+    visible=_score_mod_visible,
     hidden=lambda rng: [Case(f"your score_mod on a zero score, 6 heads, 10 x 10, causal={c}", (get_slopes(6),),
                              {"causal": c}, atol=1e-12) for c in (False, True)],
     reference=score_mod_reference,
-    mistakes=(Mistake("the bias has the wrong sign: score_mod should return score - m_h * |q_idx - kv_idx|",
-                      lambda s, causal=False, **qkv: score_mod_reference(-np.asarray(s, float), causal, **qkv)),),
+    mistakes=attention_mistakes(_score_mod_variant, "sign", "triangle"),
     torch_inputs=True,
     adapter=score_mod_outputs,
-    warm_up=warm_up_flex,
 ))
 
 

@@ -9,18 +9,15 @@ from __future__ import annotations
 import tracemalloc
 
 
-def score_mod_outputs(answer, slopes, causal=False, q=None, k=None, v=None):
-    """Kernel side: the student's score_mod, applied to a zero score on every (h, i, j), or run in flex_attention."""
+def score_mod_outputs(answer, slopes, causal=False, score=None):
+    """Kernel side: the student's score_mod called, as FlexAttention calls it, on every (h, i, j) of
+    ``score`` (H, N, N), a zero score of 10 x 10 when none is given."""
     import torch
 
-    mod = answer(slopes, causal=causal)
-    if q is not None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        return flex_attention(q, k, v, score_mod=mod)
-    n = 10
-    h, i, j = torch.meshgrid(*(torch.arange(x, device=slopes.device) for x in (len(slopes), n, n)), indexing="ij")
-    return mod(torch.zeros(len(slopes), n, n, dtype=slopes.dtype, device=slopes.device), torch.tensor(0), h, i, j)
+    if score is None:
+        score = torch.zeros(len(slopes), 10, 10, dtype=slopes.dtype, device=slopes.device)
+    h, i, j = torch.meshgrid(*(torch.arange(n, device=score.device) for n in score.shape), indexing="ij")
+    return answer(slopes, causal=causal)(score, torch.tensor(0, device=score.device), h, i, j)
 
 
 def peak_and_output(answer, q, k, v, slopes, causal=True, block=64):
@@ -33,13 +30,3 @@ def peak_and_output(answer, q, k, v, slopes, causal=True, block=64):
     finally:
         tracemalloc.stop()
     return float(peak), out
-
-
-def warm_up_flex(device) -> None:
-    """FlexAttention's first call sets itself up (seconds, and several times that under the guard's
-    profile hook); do it once, outside the guard, on a trivial problem."""
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-
-    x = torch.zeros(1, 1, 16, 8, device=device or "cpu")
-    flex_attention(x, x, x, score_mod=lambda score, b, h, q_idx, kv_idx: score)
