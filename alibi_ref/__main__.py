@@ -45,15 +45,28 @@ def table(matrix, rows, cols) -> str:
 
 def cmd_example(args) -> None:
     ex = cat_sat_on_mat()
-    device = resolve_device(args.device)
-    slopes = get_slopes(2, "textbook")
+    backend = args.backend or ("torch" if args.device else "numpy")
+    if backend == "jax":
+        if args.device:
+            raise SystemExit("error: --device is torch's; --backend jax runs on JAX's default device")
+        import jax
+
+        with jax.enable_x64(True):  # float64, as the chapter's tables are computed
+            print_example(ex, *(jax.numpy.asarray(x) for x in (ex.Q, ex.K, ex.V)),
+                          where=f"JAX on {jax.devices()[0]}")
+        return
+    device = resolve_device(args.device or ("cpu" if backend == "torch" else None))
     Q, K, V = ex.Q, ex.K, ex.V
     if device is not None:
         import torch
 
         Q, K, V = (torch.tensor(x, dtype=torch.float64, device=device) for x in (Q, K, V))
+    print_example(ex, Q, K, V, where="NumPy" if device is None else f"torch on {device}")
+
+
+def print_example(ex, Q, K, V, where: str) -> None:
+    slopes = get_slopes(2, "textbook")
     output, weights = (to_numpy(x) for x in multi_head_alibi(Q, K, V, 2, slopes))
-    where = "NumPy" if device is None else f"torch on {device}"
     print(f"ALiBi on {' '.join(ex.tokens)!r}: d_model = 4, 2 heads, d_k = 2, slopes 1/2 and 1/4 ({where})\n")
     for h, m in enumerate(slopes):
         print(f"Head {h + 1} weights (m = {m:g}):\n{table(weights[h], ex.tokens, ex.tokens)}\n")
@@ -111,6 +124,8 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("example", parents=[device], help="the chapter's worked tables, computed live")
+    p.add_argument("--backend", choices=("numpy", "torch", "jax"), default=None,
+                   help="numpy (default), torch (implied by --device) or jax")
     p.set_defaults(run=cmd_example)
 
     p = sub.add_parser("slopes", help="the slope of every head")

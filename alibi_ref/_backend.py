@@ -1,7 +1,9 @@
-"""What little differs between NumPy and torch, kept in one place.
+"""What little differs between NumPy, torch and JAX, kept in one place.
 
-torch is imported lazily: a NumPy-only user (most of the course) never pays
-its import. An object can only be a tensor if torch is already imported.
+torch and JAX are imported lazily: a NumPy-only user (most of the course) never
+pays their import. An object can only be a tensor (a JAX array) if torch (jax) is
+already imported. JAX arrays mostly take NumPy's own calls through ``jax.numpy``
+(``xp``); only what differs is spelled out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,20 @@ def is_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_jax(x) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def xp(x):
+    """The array namespace of a NumPy or JAX array: ``numpy`` or ``jax.numpy``."""
+    if is_jax(x):
+        import jax.numpy as jnp
+
+        return jnp
+    return np
+
+
 def softmax(scores):
     """Row-wise softmax over the last axis (the keys j).
 
@@ -25,6 +41,10 @@ def softmax(scores):
     """
     if is_tensor(scores):
         return scores.softmax(dim=-1)
+    if is_jax(scores):
+        import jax
+
+        return jax.nn.softmax(scores, axis=-1)
     with np.errstate(invalid="ignore"):  # a row of only -inf (no key to see) gives nan: callers decide
         shifted = scores - scores.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
@@ -37,7 +57,7 @@ def repeat_heads(x, groups: int):
         return x
     if is_tensor(x):
         return x.repeat_interleave(groups, dim=-3)
-    return np.repeat(x, groups, axis=-3)
+    return xp(x).repeat(x, groups, axis=-3)
 
 
 def float_dtypes(x):
@@ -52,6 +72,12 @@ def float_dtypes(x):
 
         out = x.dtype if x.is_floating_point() else torch.get_default_dtype()
         return out, torch.promote_types(out, torch.float32)
+    if is_jax(x):
+        import jax.numpy as jnp
+
+        # float64 only where jax_enable_x64 is on: the default float of this JAX
+        out = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.result_type(float)
+        return out, jnp.promote_types(out, jnp.float32)
     out = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float64)
     return out, np.promote_types(out, np.float32)
 
@@ -66,22 +92,22 @@ def arange(n: int, like=None):
         import torch
 
         return torch.arange(n, device=like.device)
-    return np.arange(n)
+    return xp(like).arange(n)
 
 
 def where_negative(rel, values, fill: float):
     """``values`` with ``fill`` wherever ``rel`` < 0."""
     if is_tensor(values):
         return values.masked_fill(rel < 0, fill)
-    return np.where(rel < 0, fill, values)
+    return xp(values).where(rel < 0, fill, values)
 
 
 def broadcast_to(x, shape):
-    return x.broadcast_to(shape) if is_tensor(x) else np.broadcast_to(x, shape)
+    return x.broadcast_to(shape) if is_tensor(x) else xp(x).broadcast_to(x, shape)
 
 
 def as_like(x, like, dtype):
-    """``x`` (array, list or tensor) as ``like``'s kind: a tensor on its device, or a NumPy array.
+    """``x`` (array, list or tensor) as ``like``'s kind: a tensor on its device, a JAX array, or a NumPy array.
 
     ``dtype`` None keeps x's own dtype."""
     if is_tensor(like):
@@ -89,6 +115,10 @@ def as_like(x, like, dtype):
 
         x = torch.as_tensor(x, device=like.device)
         return x if dtype is None else x.to(dtype)
+    if is_jax(like):
+        import jax.numpy as jnp
+
+        return jnp.asarray(x, dtype=dtype)  # committed to like's device when an operation meets it
     if is_tensor(x):
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=dtype)

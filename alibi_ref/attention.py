@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._backend import as_like, cast, float_dtypes, is_tensor, repeat_heads, softmax
+from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_heads, softmax, xp
 from .bias import alibi_bias, check_lengths, check_slopes, positional_bias
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
@@ -54,6 +54,21 @@ def naive_attention(q, k, v, bias, scale: float, dropout_p: float = 0.0):
     return weights @ v, weights  # (..., H, i, d_v), (..., H, i, j)
 
 
+def _jax_sdpa_attention(q, k, v, bias, scale: float):
+    """``jax.nn.dot_product_attention`` (XLA, or cuDNN's fused kernel where JAX picks it) with the bias.
+
+    It takes (B, N, heads, d), heads before the head dimension, and GQA as it comes; the bias
+    goes in as (B or 1, H, i, j) in q's dtype.
+    """
+    import jax
+
+    lead = q.shape[:-3]
+    q, k, v = (x.reshape(-1, *x.shape[-3:]).swapaxes(-3, -2) for x in (q, k, v))  # (B, n, H, d)
+    bias = bias.reshape(-1, *bias.shape[-3:]).astype(q.dtype)  # (B or 1, H, i, j)
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale).swapaxes(-3, -2)  # (B, H, i, d_v)
+    return out.reshape(*lead, *out.shape[-3:])
+
+
 def _sdpa_attention(q, k, v, bias, scale: float, groups: int, dropout_p: float = 0.0):
     """torch's fused scaled_dot_product_attention with the bias as a float mask.
 
@@ -80,10 +95,11 @@ def flex_available() -> bool:
 
 
 def _as_arrays(q, k, v):
-    kinds = [is_tensor(x) for x in (q, k, v)]
-    if any(kinds) and not all(kinds):
-        raise ValueError("q, k and v must be all torch tensors or all NumPy arrays, got a mix")
-    if all(kinds):
+    kinds = {("torch" if is_tensor(x) else "jax" if is_jax(x) else "numpy") for x in (q, k, v)}
+    if len(kinds) > 1:
+        raise ValueError(f"q, k and v must be all torch tensors, all JAX arrays or all NumPy arrays, got "
+                         f"{', '.join(sorted(kinds))}")
+    if kinds == {"torch"}:
         if len({x.device for x in (q, k, v)}) > 1 or len({x.dtype for x in (q, k, v)}) > 1:
             raise ValueError(
                 "q, k and v must share device and dtype, got "
@@ -91,6 +107,13 @@ def _as_arrays(q, k, v):
             )
         if not q.is_floating_point():
             raise ValueError(f"q, k and v must be floating point tensors, got {q.dtype}")
+        return q, k, v
+    if kinds == {"jax"}:
+        import jax.numpy as jnp
+
+        if len({x.dtype for x in (q, k, v)}) > 1 or not jnp.issubdtype(q.dtype, jnp.floating):
+            raise ValueError("q, k and v must be JAX arrays of one floating dtype, got "
+                             + ", ".join(f"{n}: {x.dtype}" for n, x in zip("qkv", (q, k, v), strict=True)))
         return q, k, v
     q, k, v = (np.asarray(x) for x in (q, k, v))
     dtype = np.result_type(q, k, v)
@@ -125,12 +148,14 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
-                dropout: bool = False) -> str:
+                dropout: bool = False, v=None) -> str:
     """The path to run. ``positional``: the call has key padding or explicit positions, which only the
     paths with a materialised bias (naive, sdpa) take. ``dropout``: attention dropout, which
     FlexAttention does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if is_jax(q):
+        return _choose_jax(impl, q, q if v is None else v, return_weights)
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
     if positional and impl in ("strided", "flex"):
@@ -151,6 +176,27 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     return impl
 
 
+def _choose_jax(impl: str, q, v, return_weights: bool) -> str:
+    """JAX arrays: "sdpa" is ``jax.nn.dot_product_attention``, the default where it fits.
+
+    It computes the scores and softmax in float32 whatever comes in, and needs v's head
+    dimension equal to q's; "auto" takes the naive path for float64 (which it would round)
+    or another d_v, and for the weights.
+    """
+    if impl in ("strided", "flex"):
+        raise ValueError(f"impl={impl!r} is a torch path; JAX arrays take 'sdpa' (jax.nn.dot_product_attention) "
+                         "or 'naive'")
+    fits = v.shape[-1] == q.shape[-1] and not return_weights
+    if impl == "sdpa" and not fits:
+        raise ValueError("impl='sdpa' on JAX arrays needs v's head dimension equal to q's and cannot return the "
+                         f"weights (got q {tuple(q.shape)}, v {tuple(v.shape)}); use impl='naive'")
+    if impl == "auto":
+        import jax.numpy as jnp
+
+        return "sdpa" if fits and jnp.finfo(q.dtype).bits <= 32 else "naive"
+    return impl
+
+
 def alibi_attention(
     q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
     return_weights: bool = False, impl: str = "auto",
@@ -162,10 +208,12 @@ def alibi_attention(
     (query head h reads key/value head h // (H / H_kv)); slopes (H,). The queries
     are the last q_len positions of the keys, so q_len = 1 against a KV cache is
     one decoding step. NumPy in gives NumPy out; tensors give tensors on the same
-    device and dtype, differentiable. ``scale`` defaults to 1/sqrt(d).
+    device and dtype, differentiable; JAX arrays give JAX arrays (jit-able, ``jax.grad``
+    reaches q, k, v and the slopes). ``scale`` defaults to 1/sqrt(d).
 
     impl: "naive" (``naive_attention``, the specification), "sdpa" (torch's fused kernel
-    with the bias materialised as a float mask), "strided" (the same kernel, the bias a
+    with the bias materialised as a float mask; for JAX arrays ``jax.nn.dot_product_attention``
+    with it as ``bias``, the default there for float32 and 16-bit floats), "strided" (the same kernel, the bias a
     strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
     (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
     naive for NumPy or the weights, strided on the CPU, and on CUDA flex from FUSED_MIN_LEN
@@ -192,7 +240,7 @@ def alibi_attention(
     slopes = as_like(slopes, q, work)
     dropout_p = _check_dropout(dropout_p, q)
     positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions)
-    chosen = choose_impl(impl, q, dims, return_weights, positional is not None, dropout_p > 0)
+    chosen = choose_impl(impl, q, dims, return_weights, positional is not None, dropout_p > 0, v)
     if positional is not None:
         return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
                           rows_may_see_nothing=True)
@@ -213,7 +261,8 @@ def _check_dropout(dropout_p, q) -> float:
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p and not is_tensor(q):
-        raise ValueError("attention dropout needs torch tensors (it is for training)")
+        raise ValueError("attention dropout needs torch tensors (it is for training; in Flax, the layers of "
+                         "alibi_ref.flax_layers take the module's own dropout)")
     return dropout_p
 
 
@@ -231,6 +280,8 @@ def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_wei
         return _rows_with_no_key_are_zero(x, bias) if rows_may_see_nothing else x
 
     if chosen == "sdpa":
+        if is_jax(q):
+            return zeroed(_jax_sdpa_attention(q, k, v, bias, scale))
         return zeroed(_sdpa_attention(q, k, v, bias, scale, groups, dropout_p))
     # 16-bit inputs are computed in float32 and rounded once at the end
     k, v = (repeat_heads(cast(x, work), groups) for x in (k, v))  # (..., H, j, d)
@@ -246,7 +297,9 @@ def _rows_with_no_key_are_zero(x, bias):
 
         sees = torch.isfinite(bias).any(-1, keepdim=True)  # (..., H, i, 1)
         return x if bool(sees.all()) else torch.where(sees, x, torch.zeros((), dtype=x.dtype, device=x.device))
-    sees = np.isfinite(bias).any(-1, keepdims=True)
+    sees = xp(bias).isfinite(bias).any(-1, keepdims=True)
+    if is_jax(bias):  # no data-dependent branch: it would not trace under jit
+        return xp(x).where(sees, x, 0.0)
     return x if sees.all() else np.where(sees, x, 0.0)
 
 

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._backend import arange, broadcast_to, cast, float_dtypes, is_tensor, where_negative
+from ._backend import arange, broadcast_to, cast, float_dtypes, is_jax, is_tensor, where_negative, xp
 
 
 def check_lengths(q_len, k_len, causal: bool) -> tuple[int, int]:
@@ -40,8 +40,13 @@ def check_lengths(q_len, k_len, causal: bool) -> tuple[int, int]:
 
 
 def check_slopes(slopes):
-    """Slopes as a 1-D NumPy array or tensor, or a ValueError saying what came."""
-    if not is_tensor(slopes):
+    """Slopes as a 1-D NumPy array, tensor or JAX array, or a ValueError saying what came."""
+    if is_jax(slopes):
+        import jax.numpy as jnp
+
+        if not (jnp.issubdtype(slopes.dtype, jnp.floating) or jnp.issubdtype(slopes.dtype, jnp.integer)):
+            raise ValueError(f"slopes must be real numbers, got dtype {slopes.dtype}")
+    elif not is_tensor(slopes):
         slopes = np.asarray(slopes)
         if slopes.dtype.kind not in "fiu":
             raise ValueError(f"slopes must be real numbers, got dtype {slopes.dtype}")
@@ -61,7 +66,8 @@ def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = F
     """The additive ALiBi bias, shape (H, q_len, k_len).
 
     ``slopes``: (H,) NumPy array or list (NumPy out, float64 unless a float array
-    of another width comes in) or torch tensor (tensor out, on its device and dtype).
+    of another width comes in), torch tensor (tensor out, on its device and dtype) or
+    JAX array (JAX out, on its device and dtype; jit-able, differentiable in the slopes).
     ``device`` or a torch ``dtype`` ask for a tensor whatever the slopes are; ``dtype`` sets the
     output's dtype (the bias is still built in at least float32 and cast last).
     """
@@ -108,10 +114,10 @@ def positional_bias(slopes, q_positions, k_positions, *, causal: bool = False, k
     rel = q_positions[..., :, None] - k_positions[..., None, :]  # (..., i, j): how far key j lies behind query i
     out_dtype, _ = float_dtypes(slopes)
     bias = bias_from_distances(slopes, rel, causal)  # (H, ..., i, j)
-    bias = bias.moveaxis(0, -3) if is_tensor(bias) else np.moveaxis(bias, 0, -3)  # (..., H, i, j)
+    bias = bias.moveaxis(0, -3) if is_tensor(bias) else xp(bias).moveaxis(bias, 0, -3)  # (..., H, i, j)
     if key_padding_mask is not None:
         keep = key_padding_mask[..., None, None, :]  # (..., 1, 1, j)
-        bias = bias.masked_fill(~keep, float("-inf")) if is_tensor(bias) else np.where(keep, bias, -np.inf)
+        bias = bias.masked_fill(~keep, float("-inf")) if is_tensor(bias) else xp(bias).where(keep, bias, -np.inf)
     return cast(bias, out_dtype)
 
 

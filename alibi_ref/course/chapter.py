@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import is_tensor
+from .._backend import is_jax, is_tensor
 from ..attention import alibi_attention
 from ..slopes import get_slopes
 
@@ -22,7 +22,7 @@ def multi_head_alibi(Q, K, V, n_heads: int, slopes=None, *, causal: bool = False
     """
     if slopes is None:
         slopes = get_slopes(n_heads, "textbook")
-    if not is_tensor(Q):
+    if not (is_tensor(Q) or is_jax(Q)):
         Q, K, V = (np.asarray(x) for x in (Q, K, V))
     if Q.ndim != 2 or K.ndim != 2 or V.ndim != 2:
         raise ValueError(

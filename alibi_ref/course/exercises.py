@@ -626,7 +626,7 @@ exercise(Exercise(
 
 
 def _score_mod_variant(**flags):
-    """What a score_mod makes of ``score`` (a zero 10 x 10 one if None): score + bias, right or with a classic mistake."""
+    """What a score_mod makes of ``score`` (zero, 10 x 10, if None): score + bias, right or with a mistake."""
     def applied(slopes, causal=False, score=None):
         n = 10 if score is None else score.shape[-1]
         bias = variant_bias(np.asarray(slopes, float), n, n, causal, **flags)
