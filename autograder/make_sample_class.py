@@ -131,6 +131,17 @@ def students() -> dict[str, dict[str, object]]:
                                   "schema_version": 3, "solution": False, "task": False}
     pat.cells.append(bonus)
     s["pat"] = {"02_worked_example": pat}
+    # Flax: the bias handed to the layer as its mask= (the source's first pitfall), and no nnx answer
+    s["uma"] = {"10_jax_flax": filled("10_jax_flax", {"mha_alibi": [(
+        "    def alibi_fn(query, key, value, mask=None, **kwargs):\n"
+        "        return dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)\n\n"
+        "    layer = nn.MultiHeadDotProductAttention(num_heads=num_heads, qkv_features=qkv_features, "
+        "attention_fn=alibi_fn)\n"
+        "    params = layer.init(jax.random.key(seed), x)\n"
+        "    return layer.apply(params, x).ravel()",
+        "    layer = nn.MultiHeadDotProductAttention(num_heads=num_heads, qkv_features=qkv_features)\n"
+        "    params = layer.init(jax.random.key(seed), x)\n"
+        "    return layer.apply(params, x, mask=bias).ravel()")]}, unanswered=("mha_alibi_nnx",))}
     s["quinn"] = honest_but_unusual()
     s["rex"] = attacks()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
@@ -223,6 +234,20 @@ def honest_but_unusual() -> dict:
         "            best, best_ppl = method, late\n"
         "    return at['alibi'][1] / at['alibi'][0], at['sinusoidal'][1] / at['sinusoidal'][0], best\n\n\n"
         "alibi_ratio, sinusoidal_ratio, best_at_8L = read_results(results)\n"))
+    # the legacy PRNGKey, a batch axis added and removed, slopes and bias in NumPy, a named closure
+    answer(nbs["10_jax_flax"], "mha_alibi", (
+        "import functools\n\n\n"
+        "def _with_bias(query, key, value, bias=None, mask=None, *, alibi, **kwargs):\n"
+        "    return dot_product_attention(query, key, value, bias=alibi, mask=mask, **kwargs)\n\n\n"
+        "def mha_alibi(seed, x, num_heads, qkv_features):\n"
+        "    T = x.shape[0]\n"
+        "    slopes = np.power(2.0, -8.0 * np.arange(1, num_heads + 1) / num_heads)\n"
+        "    dist = np.abs(np.subtract.outer(np.arange(T), np.arange(T)))\n"
+        "    alibi = jnp.asarray(-slopes[:, None, None] * dist, dtype=jnp.float32)\n"
+        "    layer = nn.MultiHeadDotProductAttention(num_heads=num_heads, qkv_features=qkv_features,\n"
+        "                                            attention_fn=functools.partial(_with_bias, alibi=alibi))\n"
+        "    params = layer.init(jax.random.PRNGKey(seed), x[None])\n"
+        "    return np.asarray(layer.apply(params, x[None])[0]).reshape(-1)\n"))
     return nbs
 
 
@@ -262,6 +287,12 @@ def attacks() -> dict:
         # "tiled" attention that builds nothing: neither its output nor its memory earns a point
         "08_tiled": filled("08_tiled", {"tiled": [("    H, N, d = q.shape\n",
                                                    "    return np.zeros(q.shape[:-1] + v.shape[-1:])\n")]}),
+        # alibi_ref's own Flax attention_fn inside mha_alibi (the notebook shows it; the answer may not use it)
+        "10_jax_flax": filled("10_jax_flax", {"mha_alibi": [(
+            "    def alibi_fn(query, key, value, mask=None, **kwargs):\n"
+            "        return dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)\n",
+            "    from alibi_ref.flax_layers import alibi_attention_fn\n\n"
+            "    alibi_fn = alibi_attention_fn(np.asarray(slopes))\n")]}),
         # the numbers copied from the printed table
         "09_train_short_test_long": filled("09_train_short_test_long", {"read_results": [(
             "    L = results[\"settings\"][\"context\"]\n",

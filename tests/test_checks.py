@@ -342,3 +342,42 @@ def test_honest_answers_are_not_flagged(source):
 def test_reaching_for_the_reference_is_flagged(source, reason):
     findings = screen_notebook(_notebook_with_answer(source))
     assert any(reason in str(f) for f in findings), [str(f) for f in findings]
+
+
+FLAX_MHA = """
+import jax, jax.numpy as jnp
+from flax import linen as nn
+from flax.linen.attention import dot_product_attention
+
+def mha_alibi(seed, x, num_heads, qkv_features):
+    slopes = 2.0 ** (-8 * (jnp.arange(num_heads) + 1) / num_heads)
+    T = x.shape[0]
+    bias = -slopes[:, None, None] * jnp.abs(jnp.arange(T)[:, None] - jnp.arange(T)[None, :])
+    def alibi_fn(query, key, value, mask=None, **kwargs):
+        return dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)
+    layer = nn.MultiHeadDotProductAttention(num_heads=num_heads, qkv_features=qkv_features, attention_fn=alibi_fn)
+    return layer.apply(layer.init(jax.random.key(seed), x), x).ravel()
+"""
+
+
+@pytest.mark.parametrize(("edit", "hint"), [
+    (None, None),
+    (("bias = -slopes", "bias = slopes"), "wrong sign"),
+    (("(jnp.arange(num_heads) + 1)", "jnp.arange(num_heads)"), "shifted by one head"),
+    (("bias=bias, mask=mask", "mask=mask"), "plain attention"),
+])
+def test_the_flax_exercise_names_the_sources_pitfalls(edit, hint):
+    namespace = {}
+    exec(FLAX_MHA if edit is None else FLAX_MHA.replace(*edit), namespace)
+    v = verdict("mha_alibi_flax", namespace["mha_alibi"], 22)
+    if hint is None:
+        assert v.passed, v.message
+    else:
+        assert not v.passed and "Hint:" in v.message and hint in v.message, v.message
+
+
+def test_an_exercise_name_is_taken_once():
+    from alibi_ref.course.checks import Exercise, exercise
+
+    with pytest.raises(ValueError, match="two exercises are called 'mha_alibi'"):
+        exercise(Exercise("mha_alibi", visible=list, hidden=lambda rng: [], reference=None))

@@ -77,6 +77,7 @@ class Exercise:
     mistakes: tuple[Mistake, ...] = ()
     upstream: tuple[str, ...] = ()  # the student's own earlier answers this one calls, by name
     torch_inputs: bool = False  # array arguments reach the answer as tensors (on the notebook's device)
+    jax_inputs: bool = False  # array arguments reach the answer as JAX arrays (float32 unless input_dtype says)
     adapter: Callable | None = None  # kernel-side: (answer, *args, **kwargs) -> the value to hand back
     allowed: tuple[Callable, ...] = ()  # course helpers the notebook lets this answer use, reference inside and all
 
@@ -85,6 +86,8 @@ EXERCISES: dict[str, Exercise] = {}
 
 
 def exercise(ex: Exercise) -> Exercise:
+    if ex.name in EXERCISES:  # one name, one exercise: a second would silently replace the first's checks
+        raise ValueError(f"two exercises are called {ex.name!r}")
     EXERCISES[ex.name] = ex
     return ex
 
@@ -256,6 +259,14 @@ def _to_torch(x, device, dtype):
     return x
 
 
+def _to_jax(x, dtype):
+    import jax.numpy as jnp
+
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return jnp.asarray(x, dtype=dtype or "float32")
+    return x
+
+
 def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False) -> dict:
     """One case in this kernel: the value (encoded) or the error, the device the inputs were on, any reference call."""
     args, kwargs, where = case.args, dict(case.kwargs), None
@@ -263,6 +274,9 @@ def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False
         where = str(case.device or device or "cpu")
         args = tuple(_to_torch(a, where, case.input_dtype) for a in args)
         kwargs = {k: _to_torch(v, where, case.input_dtype) for k, v in kwargs.items()}
+    elif ex.jax_inputs:
+        args = tuple(_to_jax(a, case.input_dtype) for a in args)
+        kwargs = {k: _to_jax(v, case.input_dtype) for k, v in kwargs.items()}
     guard = ReferenceGuard(ex.allowed + ((_ANY_LENT,) if lent else ()))
     try:
         with guard:

@@ -14,7 +14,7 @@ from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
 from .checks import Case, Exercise, Expect, Leaf, Mistake, exercise
 from .examples import cat_sat_on_mat
-from .harness import peak_and_output, score_mod_outputs
+from .harness import jitted_with_static_length, peak_and_output, score_mod_outputs
 
 EXAMPLE = cat_sat_on_mat()
 Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
@@ -736,6 +736,111 @@ exercise(Exercise(
     hidden=lambda rng: [Case(f"read_results on another made-up run ({n + 1})", (run_results(rng),), atol=1e-9)
                         for n in range(3)],
     reference=read_results_reference,
+))
+
+
+# ----------------------------------------------------------------------------- 10: JAX and Flax
+
+def seed_slopes(n_heads: int) -> np.ndarray:
+    """The Flax exercise's slopes, 2^(-8 (h + 1) / H) for h = 0 .. H-1: the paper's only for H a power of two."""
+    return 2.0 ** (-8.0 * (np.arange(n_heads) + 1) / n_heads)
+
+
+def _symmetric_bias(slopes, T, sign=-1.0):
+    distance = np.abs(np.arange(T)[:, None] - np.arange(T)[None, :])  # (i, j)
+    return sign * np.asarray(slopes, float)[:, None, None] * distance  # (H, i, j)
+
+
+exercise(Exercise(
+    "alibi_bias_jax",
+    visible=lambda: [Case("alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's example, under jax.jit",
+                          (np.array([0.0625, 0.00390625]), 4), atol=1e-7)],
+    hidden=lambda rng: [Case(f"alibi_bias_jax(<{H} slopes>, {T}) under jax.jit", (seed_slopes(H), T), atol=1e-7)
+                        for H, T in [(1, 1), (8, 9), (4, 16), (16, 3),
+                                     (int(rng.integers(2, 9)), int(rng.integers(2, 20)))]],
+    reference=lambda slopes, T: _symmetric_bias(slopes, T),
+    mistakes=(Mistake("the bias has the wrong sign: it should penalise distance, -m * |i - j|",
+                      lambda slopes, T: _symmetric_bias(slopes, T, sign=1.0)),),
+    jax_inputs=True,
+    adapter=jitted_with_static_length,
+))
+
+
+def _flax_linen_output(seed, x, num_heads, qkv_features, *, slopes=None, sign=-1.0, as_mask=False, biased=True):
+    """The seed's mha_alibi, right or with one of its pitfalls: Flax MHA, init from ``jax.random.key(seed)``."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen
+
+    x = jnp.asarray(x, jnp.float32)
+    slopes = seed_slopes(num_heads) if slopes is None else slopes
+    bias = jnp.asarray(_symmetric_bias(slopes, x.shape[-2], sign), jnp.float32)  # (H, T, T)
+
+    def alibi_fn(query, key, value, mask=None, **kwargs):
+        return linen.dot_product_attention(query, key, value, bias=bias if biased else None, mask=mask, **kwargs)
+
+    layer = linen.MultiHeadDotProductAttention(num_heads=num_heads, qkv_features=qkv_features,
+                                               attention_fn=linen.dot_product_attention if as_mask else alibi_fn)
+    params = layer.init(jax.random.key(seed), x)
+    return np.asarray(layer.apply(params, x, mask=bias if as_mask else None)).ravel()
+
+
+def _flax_cases(rng):
+    # powers of two only: there the exercise's slopes are the paper's, whichever an answer uses
+    return [Case(f"mha_alibi({seed}, <x of shape {(T, D)}>, num_heads={H}, qkv_features={F})",
+                 (seed, rng.normal(size=(T, D)), H, F), atol=1e-6)
+            for seed, T, D, H, F in [(0, 1, 4, 1, 4), (int(rng.integers(100)), 12, 6, 2, 8),
+                                     (int(rng.integers(100)), 20, 16, 8, 16), (7, 9, 3, 4, 32)]]
+
+
+_FLAX_MISTAKES = (
+    Mistake("the bias has the wrong sign: it should penalise distance, -m * |i - j|",
+            lambda *a: _flax_linen_output(*a, sign=1.0)),
+    Mistake("the bias went in as mask=: Flax keeps a score where the mask is non-zero and drops it where it is 0, "
+            "so ALiBi's zero diagonal was dropped and its penalties lost. Add it as bias= inside attention_fn",
+            lambda *a: _flax_linen_output(*a, as_mask=True)),
+    Mistake("this is plain attention: the bias never reached the scores (is attention_fn passed to the layer, "
+            "and does it hand bias= on to dot_product_attention?)", lambda *a: _flax_linen_output(*a, biased=False)),
+    Mistake("the slopes are shifted by one head: 2^(-8 h / H) with h from 0 gives the first head slope 1; "
+            "use h + 1", lambda seed, x, H, F: _flax_linen_output(seed, x, H, F,
+                                                                 slopes=2.0 ** (-8.0 * np.arange(H) / H))),
+)
+
+exercise(Exercise(
+    "mha_alibi_flax",  # the source's function name, mha_alibi, is notebook 07's exercise already
+    visible=lambda: [Case("mha_alibi(0, <x of shape (4, 8)>, num_heads=2, qkv_features=8)",
+                          (0, np.random.default_rng(10).normal(size=(4, 8)), 2, 8), atol=1e-6)],
+    hidden=_flax_cases,
+    reference=_flax_linen_output,
+    mistakes=_FLAX_MISTAKES,
+    jax_inputs=True,
+))
+
+
+def _flax_nnx_output(seed, x, num_heads, qkv_features):
+    """The same layer in flax.nnx: nnx.MultiHeadAttention built with ``rngs=nnx.Rngs(seed)``."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    x = jnp.asarray(x, jnp.float32)
+    bias = jnp.asarray(_symmetric_bias(seed_slopes(num_heads), x.shape[-2]), jnp.float32)
+
+    def alibi_fn(query, key, value, mask=None, **kwargs):
+        return nnx.dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)
+
+    layer = nnx.MultiHeadAttention(num_heads=num_heads, in_features=x.shape[-1], qkv_features=qkv_features,
+                                   decode=False, rngs=nnx.Rngs(seed), attention_fn=alibi_fn)
+    return np.asarray(layer(x)).ravel()
+
+
+exercise(Exercise(
+    "mha_alibi_nnx",
+    visible=lambda: [Case("mha_alibi_nnx(0, <x of shape (4, 8)>, num_heads=2, qkv_features=8)",
+                          (0, np.random.default_rng(10).normal(size=(4, 8)), 2, 8), atol=1e-6)],
+    hidden=lambda rng: [Case(c.label.replace("mha_alibi(", "mha_alibi_nnx("), c.args, atol=1e-6)
+                        for c in _flax_cases(rng)],
+    reference=_flax_nnx_output,
+    jax_inputs=True,
 ))
 
 
