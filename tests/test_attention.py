@@ -242,7 +242,7 @@ def test_bad_input_says_what_was_expected_and_what_came(inputs, slopes, kwargs, 
 
 def test_mixed_backends_and_devices_are_refused():
     q = np.zeros((2, 3, 4))
-    with pytest.raises(ValueError, match="all torch tensors or all NumPy arrays"):
+    with pytest.raises(ValueError, match="all torch tensors, all JAX arrays or all NumPy arrays, got numpy, torch"):
         alibi_attention(torch.zeros(2, 3, 4), q, q, [0.5, 0.5])
     with pytest.raises(ValueError, match="share device and dtype"):
         alibi_attention(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.float64), torch.zeros(2, 3, 4),
