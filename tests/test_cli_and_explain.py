@@ -34,6 +34,17 @@ def test_example_on_a_torch_device_prints_the_same(device, capsys):
     assert f"torch on {device.type}" in torch_text
 
 
+def test_example_from_jax_prints_the_chapter_tables(capsys):
+    main(["example", "--backend", "jax"])
+    text = capsys.readouterr().out
+    assert "(JAX on " in text.splitlines()[0]
+    np.testing.assert_array_equal(parse_table(text, "Head 1 weights", 5), ch.HEAD1_WEIGHTS)
+    np.testing.assert_array_equal(parse_table(text, "Averaged weights", 5), ch.AVERAGED_WEIGHTS)
+    np.testing.assert_array_equal(parse_table(text, "Final output", 5), ch.OUTPUT)
+    with pytest.raises(SystemExit, match="--device is torch's"):
+        main(["example", "--backend", "jax", "--device", "cpu"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback where no GPU exists")
 def test_cuda_without_a_gpu_is_one_line_and_a_cpu_run():
     run = subprocess.run([sys.executable, "-m", "alibi_ref", "example", "--device", "cuda"],
