@@ -789,8 +789,8 @@ def _flax_cases(rng):
     # powers of two only: there the exercise's slopes are the paper's, whichever an answer uses
     return [Case(f"mha_alibi({seed}, <x of shape {(T, D)}>, num_heads={H}, qkv_features={F})",
                  (seed, rng.normal(size=(T, D)), H, F), atol=1e-6)
-            for seed, T, D, H, F in [(0, 1, 4, 1, 4), (int(rng.integers(100)), 12, 6, 2, 8),
-                                     (int(rng.integers(100)), 20, 16, 8, 16), (7, 9, 3, 4, 32)]]
+            # two shapes: JAX compiles each operation of init and apply once per new shape (about a second)
+            for seed, T, D, H, F in [(int(rng.integers(100)), 12, 6, 8, 16), (7, 9, 3, 4, 32)]]
 
 
 _FLAX_MISTAKES = (
