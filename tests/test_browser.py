@@ -112,9 +112,10 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
         # run every cell: the explorer renders before the first exercise stops the run
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        explorer = page.locator(".widget-interact").first
+        explorer = page.locator(".alibi-explorer").first  # the controls; the figure is the cell's image output
         explorer.wait_for()
-        image = explorer.locator(".widget-output img").first
+        figure = page.locator(".jp-CodeCell").filter(has=explorer).locator(".jp-RenderedImage img")
+        image = figure.first
         image.wait_for()
         explorer.scroll_into_view_if_needed()
         shot(page, "student-2-ran-all-explorer")
@@ -126,17 +127,18 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
         head.locator(".noUi-handle").focus()
         page.keyboard.press("ArrowRight")
         expect(head.locator(".widget-readout")).to_have_text("2")
-        expect(explorer.locator(".widget-output img").first).not_to_have_attribute("src", first_plot)
+        expect(figure.first).not_to_have_attribute("src", first_plot)
         shot(page, "student-3-slider-moved")
 
         # the slope follows the head; dragged to 0 (Home), the heatmap goes flat and the bars uniform
         slope = explorer.locator(".widget-slider").filter(has=page.locator("label", has_text=re.compile(r"^slope$")))
         expect(slope.locator(".widget-readout")).to_have_text("0.2500")
-        second_plot = explorer.locator(".widget-output img").first.get_attribute("src")
+        second_plot = figure.first.get_attribute("src")
         slope.locator(".noUi-handle").focus()
         page.keyboard.press("Home")
         expect(slope.locator(".widget-readout")).to_have_text("0.0000")
-        expect(explorer.locator(".widget-output img").first).not_to_have_attribute("src", second_plot)
+        expect(figure.first).not_to_have_attribute("src", second_plot)
+        expect(figure).to_have_count(1)  # replaced in place, never a second figure
         shot(page, "student-3b-slope-zero")
 
         # the first exercise's test stopped "Run All" with the stub's error, as it should

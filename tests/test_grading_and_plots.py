@@ -1,3 +1,4 @@
+import base64
 from pathlib import Path
 
 import matplotlib
@@ -117,7 +118,6 @@ def test_plots_draw_on_a_given_axis():
 
 def test_bias_explorer_widget_redraws_with_its_controls():
     widget = plots.bias_explorer()
-    assert widget.auto_display, "the figure must be shown, not only kept"
     controls = {c.description: c for c in widget.children if hasattr(c, "description")}
     assert {"heads", "head", "max_bias", "length", "causal"} <= set(controls)
     controls["heads"].value = 4
@@ -175,7 +175,6 @@ def test_extrapolation_explorer_redraws_with_its_controls():
     results = {"settings": {"context": 4}, "perplexity": {
         "alibi": {"4": 5.0, "8": 5.0, "16": 5.1}, "learned": {"4": 6.0, "8": "error: no", "16": "error: no"}}}
     widget = plots.extrapolation_explorer(results)
-    assert widget.auto_display, "the figure must be shown, not only kept"
 
     def curves():
         return {line.get_label(): list(line.get_xdata()) for line in widget.result.axes[0].get_lines()
@@ -186,3 +185,26 @@ def test_extrapolation_explorer_redraws_with_its_controls():
     controls["methods"].value = ("alibi",)
     controls["up to"].value = 8
     assert curves() == {"alibi": [4, 8]}
+
+
+def test_an_html_export_shows_the_explorers_figure(tmp_path):
+    """Run the explorer in a real kernel, export the notebook with nbconvert: the figure is a PNG in the page."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("from alibi_ref.course import plots\nexplorer = plots.bias_explorer()\nexplorer"),
+        nbformat.v4.new_code_cell("explorer.children[1].value = 3  # the head slider, moved after display"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[0].outputs
+    assert [sorted(o.data) for o in outputs] == [
+        ["application/vnd.jupyter.widget-view+json", "text/plain"], ["image/png", "text/plain"]]
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    assert f'src="data:image/png;base64,{outputs[1].data["image/png"]}"' in html, "the figure, an image in the page"
+    # the slider moved in the next cell: the figure shown is head 3's, replaced in place, not a second one
+    assert len(nb.cells[1].outputs) == 0
+    here = plots.bias_explorer()
+    here.children[1].value = 3
+    assert outputs[1].data["image/png"] == base64.b64encode(here._png().data).decode()

@@ -105,17 +105,56 @@ def bias_explorer():
 
     for control in (n_heads, head, max_bias):
         control.observe(follow_schedule, names="value")
-    return _interactive(draw_bias_explorer, n_heads=n_heads, head=head, max_bias=max_bias, length=length,
+    return Explorer(draw_bias_explorer, n_heads=n_heads, head=head, max_bias=max_bias, length=length,
                         causal=widgets.Checkbox(value=False, description="causal"), slope=slope, query=query,
                         ax=widgets.fixed(None), row_ax=widgets.fixed(None))
 
 
-def _interactive(draw, **controls):
-    """ipywidgets' interactive with ``draw`` as the callback and its returned figure displayed."""
-    import ipywidgets as widgets
+class Explorer:
+    """Controls that redraw a figure: the controls are a widget, the figure an ordinary image output.
 
-    # interactive() alone keeps the result without showing it (auto_display is interact()'s)
-    return widgets.interactive(draw, {"auto_display": True}, **controls)
+    The figure is displayed with a display id and replaced in place whenever a control moves, so
+    a saved notebook keeps the last figure as a PNG. An HTML export of the notebook (nbconvert,
+    which can only render widgets from their saved state and a script fetched from the network)
+    then still shows it; a figure kept inside the widget's own output area would be blank there.
+    ``draw`` is called with every control's value by name (``widgets.fixed`` for fixed ones).
+    """
+
+    def __init__(self, draw, **controls):
+        import ipywidgets as widgets
+
+        self._draw, self._controls = draw, controls
+        self.children = tuple(c for c in controls.values() if isinstance(c, widgets.DOMWidget))
+        self.widget = widgets.VBox(self.children)
+        self.widget.add_class("alibi-explorer")
+        self._shown = None
+        self.result = self._redraw()
+        for control in self.children:
+            control.observe(self._changed, names="value")
+
+    def _redraw(self):
+        return self._draw(**{name: control.value for name, control in self._controls.items()})
+
+    def _changed(self, _change) -> None:
+        self.result = self._redraw()
+        if self._shown is not None:
+            self._shown.update(self._png())
+
+    def _png(self):
+        """The figure as a PNG image, whatever matplotlib backend the kernel has (or none)."""
+        import io
+
+        from IPython.display import Image
+
+        buffer = io.BytesIO()
+        self.result.savefig(buffer, format="png", bbox_inches="tight")
+        return Image(data=buffer.getvalue(), format="png")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+        self._shown = display(self._png(), display_id=True)
 
 
 def extrapolation_explorer(results: dict):
@@ -124,7 +163,7 @@ def extrapolation_explorer(results: dict):
 
     methods = list(results["perplexity"])
     lengths = evaluated_lengths(results)
-    return _interactive(
+    return Explorer(
         extrapolation_curves, results=widgets.fixed(results), ax=widgets.fixed(None),
         methods=widgets.SelectMultiple(options=methods, value=tuple(methods), description="methods"),
         max_length=widgets.SelectionSlider(options=lengths, value=lengths[-1], description="up to"),
