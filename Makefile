@@ -41,10 +41,12 @@ $(STAMP): requirements.txt pyproject.toml
 
 # From Debian's packages, where this user may install them (root with apt-get): bubblewrap, which
 # sandboxes the autograder's student kernels (without it the autograder warns and runs them
-# unsandboxed), and chromium for the browser tests (without it they are skipped, saying why).
+# unsandboxed), chromium for the browser tests and postgresql for the PostgreSQL gradebook test
+# (without them those tests are skipped, saying why).
 $(SYSTEM): $(STAMP)
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	if [ -z "$$missing" ]; then :; \
 	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		echo "installing from Debian's packages:$$missing"; \

@@ -46,3 +46,48 @@ def graded_sample_class(tmp_path_factory):
     started = time.monotonic()
     report = grade(Path(__file__).resolve().parents[1] / "autograder" / "sample_class" / "submissions", out, **FAST)
     return out, report, time.monotonic() - started
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server for the session, on a unix socket in a temporary folder; its SQLAlchemy URL.
+
+    Debian's server binaries, ``initdb`` into the folder, run as the unprivileged ``postgres`` user
+    when the tests run as root (PostgreSQL refuses root). Skipped, with the reason, where there are none.
+    """
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    initdb = found[-1] if found else shutil.which("initdb")
+    if initdb is None:
+        pytest.skip("no PostgreSQL server binaries (Debian: apt-get install postgresql)")
+    pytest.importorskip("psycopg2", reason="psycopg2 is the gradebook's PostgreSQL driver")
+    bin_dir = os.path.dirname(initdb)
+    # in /tmp itself: the postgres user cannot enter pytest's own (root-only) temporary folders
+    folder = Path(tempfile.mkdtemp(prefix="alibi-postgres-"))
+    as_user = []
+    if os.geteuid() == 0:
+        import pwd
+
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run the server as")
+        shutil.chown(folder, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = folder / "data", "54329"
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
+                   capture_output=True)
+    subprocess.run([*as_user, f"{bin_dir}/pg_ctl", "-D", str(data), "-l", str(folder / "server.log"), "-w",
+                    "-o", f"-k {folder} -c listen_addresses='' -p {port}", "start"], check=True, capture_output=True)
+    try:
+        subprocess.run([*as_user, f"{bin_dir}/createdb", "-h", str(folder), "-p", port, "gradebook"], check=True)
+        yield f"postgresql+psycopg2://postgres@/gradebook?host={folder}&port={port}"
+    finally:
+        subprocess.run([*as_user, f"{bin_dir}/pg_ctl", "-D", str(data), "-m", "fast", "stop"], check=False,
+                       capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -282,3 +282,21 @@ def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
     rows = {r["notebook"]: r for r in _rows(tmp_path / "out" / "grades.csv")}
     assert (float(rows["03_slope_zero"]["score"]), rows["03_slope_zero"]["status"]) == (3.0, "graded")
     assert report.totals()["solo"] == 3.0
+
+
+def test_a_postgresql_gradebook_gives_the_same_grades(graded_sample_class, postgres_url, tmp_path):
+    """Some of the sample class graded into a real PostgreSQL server: every score, status and reason as on sqlite."""
+    import sqlalchemy as sa
+
+    sqlite_out, _, _ = graded_sample_class
+    chosen = ["ada", "eve", "sam", "uma"]
+    for student in chosen:
+        shutil.copytree(SAMPLE / "submissions" / student, tmp_path / "class" / student)
+    grade(tmp_path / "class", tmp_path / "out", db=postgres_url, **FAST)
+    on_sqlite = {(r["student"], r["notebook"]): r for r in _rows(sqlite_out / "grades.csv") if r["student"] in chosen}
+    on_postgres = {(r["student"], r["notebook"]): r for r in _rows(tmp_path / "out" / "grades.csv")}
+    assert on_postgres == on_sqlite
+    with sa.create_engine(postgres_url).connect() as db:  # the grades live in the server, not in a file
+        points = db.execute(sa.text("select sum(auto_score) from grade")).scalar()
+    assert points == sum(float(r["score"]) for r in on_postgres.values()) > 0
+    assert not (tmp_path / "out" / "gradebook.db").exists()
