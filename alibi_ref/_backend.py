@@ -95,11 +95,16 @@ def arange(n: int, like=None):
     return xp(like).arange(n)
 
 
+def masked(values, condition, fill: float):
+    """``values`` with ``fill`` wherever ``condition`` holds."""
+    if is_tensor(values):
+        return values.masked_fill(condition, fill)
+    return xp(values).where(condition, fill, values)
+
+
 def where_negative(rel, values, fill: float):
     """``values`` with ``fill`` wherever ``rel`` < 0."""
-    if is_tensor(values):
-        return values.masked_fill(rel < 0, fill)
-    return xp(values).where(rel < 0, fill, values)
+    return masked(values, rel < 0, fill)
 
 
 def broadcast_to(x, shape):

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_heads, softmax, xp
-from .bias import alibi_bias, check_lengths, check_slopes, positional_bias
+from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
@@ -149,9 +149,9 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
                 dropout: bool = False, v=None) -> str:
-    """The path to run. ``positional``: the call has key padding or explicit positions, which only the
-    paths with a materialised bias (naive, sdpa) take. ``dropout``: attention dropout, which
-    FlexAttention does not do."""
+    """The path to run. ``positional``: the call has key padding, explicit positions or a sliding window,
+    which only the paths with a materialised bias (naive, sdpa) take. ``dropout``: attention dropout,
+    which FlexAttention does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
     if is_jax(q):
@@ -159,8 +159,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
     if positional and impl in ("strided", "flex"):
-        raise ValueError(f"impl={impl!r} cannot take key_padding_mask or positions; use 'sdpa' or 'naive' "
-                         "('auto' picks sdpa for tensors)")
+        raise ValueError(f"impl={impl!r} cannot take key_padding_mask, positions or window; use 'sdpa' or "
+                         "'naive' ('auto' picks sdpa for tensors)")
     if positional and impl == "auto":
         return "sdpa" if is_tensor(q) and not return_weights else "naive"
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
@@ -200,7 +200,7 @@ def _choose_jax(impl: str, q, v, return_weights: bool) -> str:
 def alibi_attention(
     q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
     return_weights: bool = False, impl: str = "auto",
-    key_padding_mask=None, q_positions=None, k_positions=None, dropout_p: float = 0.0,
+    key_padding_mask=None, q_positions=None, k_positions=None, dropout_p: float = 0.0, window=None,
 ):
     """ALiBi attention; returns the output (..., H, q_len, d_v), and the weights if asked.
 
@@ -230,6 +230,11 @@ def alibi_attention(
     no key at all gives zeros.
 
     ``dropout_p``: attention dropout on the weights (torch only; pass 0 outside training).
+
+    ``window`` (left, right): a sliding window as FlashAttention-2's ``window_size`` beside its
+    ``alibi_slopes``: each query sees the keys at most ``left`` positions before it and ``right``
+    after it (-1 or None: no limit; causal with (left, 0) is a causal sliding window). It runs on
+    the naive and sdpa paths, with the bias materialised, like padding.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -239,8 +244,10 @@ def alibi_attention(
     out_dtype, work = float_dtypes(q)
     slopes = as_like(slopes, q, work)
     dropout_p = _check_dropout(dropout_p, q)
-    positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions)
-    chosen = choose_impl(impl, q, dims, return_weights, positional is not None, dropout_p > 0, v)
+    window = check_window(window)
+    positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions, window)
+    chosen = choose_impl(impl, q, dims, return_weights, positional is not None or window is not None,
+                         dropout_p > 0, v)
     if positional is not None:
         return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
                           rows_may_see_nothing=True)
@@ -252,7 +259,8 @@ def alibi_attention(
         from .strided import strided_alibi_attention
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p)
-    bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal)  # (H, i, j)
+    # a window never hides a query's own position, so every row keeps a key
+    bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal, window=window)  # (H, i, j)
     return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p)
 
 
@@ -303,7 +311,7 @@ def _rows_with_no_key_are_zero(x, bias):
     return x if sees.all() else np.where(sees, x, 0.0)
 
 
-def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_positions, k_positions):
+def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_positions, k_positions, window=None):
     """The (..., H, i, j) bias for key padding or explicit positions, or None when the call has neither."""
     if key_padding_mask is None and q_positions is None and k_positions is None:
         return None
@@ -316,7 +324,8 @@ def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_po
     k_positions = _per_batch_row(k_positions, q, batch, dims.k_len, "k_positions", integer=True)
     if key_padding_mask is not None:
         key_padding_mask = _per_batch_row(key_padding_mask, q, batch, dims.k_len, "key_padding_mask", integer=False)
-    return positional_bias(slopes, q_positions, k_positions, causal=causal, key_padding_mask=key_padding_mask)
+    return positional_bias(slopes, q_positions, k_positions, causal=causal, key_padding_mask=key_padding_mask,
+                           window=window)
 
 
 def _per_batch_row(x, like, batch: tuple, length: int, name: str, integer: bool):

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._backend import arange, broadcast_to, cast, float_dtypes, is_jax, is_tensor, where_negative, xp
+from ._backend import arange, broadcast_to, cast, float_dtypes, is_jax, is_tensor, masked, where_negative, xp
 
 
 def check_lengths(q_len, k_len, causal: bool) -> tuple[int, int]:
@@ -55,6 +55,27 @@ def check_slopes(slopes):
     return slopes
 
 
+def check_window(window) -> tuple[int | None, int | None] | None:
+    """A sliding window (left, right) as FlashAttention-2's ``window_size``: how many keys before and after
+    each query it may see; None or -1 for no limit on that side. None for no window at all."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be a pair (left, right) of whole numbers >= 0 (or -1/None: no limit), "
+                         f"got {window!r}") from None
+    sides = []
+    for name, n in (("left", left), ("right", right)):
+        if n is None or (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n == -1):
+            sides.append(None)
+        elif isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0:
+            sides.append(int(n))
+        else:
+            raise ValueError(f"window's {name} side must be a whole number >= 0, or -1/None for no limit, got {n!r}")
+    return sides[0], sides[1]
+
+
 def relative_positions(q_len: int, k_len: int, like=None):
     """(q_len, k_len) integers i + (k_len - q_len) - j: how far key j lies behind query i."""
     i = arange(q_len, like)[:, None] + (k_len - q_len)
@@ -62,20 +83,23 @@ def relative_positions(q_len: int, k_len: int, like=None):
     return i - j
 
 
-def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = False, dtype=None, device=None):
+def alibi_bias(slopes, q_len: int, k_len: int | None = None, *, causal: bool = False, dtype=None, device=None,
+               window=None):
     """The additive ALiBi bias, shape (H, q_len, k_len).
 
     ``slopes``: (H,) NumPy array or list (NumPy out, float64 unless a float array
     of another width comes in), torch tensor (tensor out, on its device and dtype) or
     JAX array (JAX out, on its device and dtype; jit-able, differentiable in the slopes).
     ``device`` or a torch ``dtype`` ask for a tensor whatever the slopes are; ``dtype`` sets the
-    output's dtype (the bias is still built in at least float32 and cast last).
+    output's dtype (the bias is still built in at least float32 and cast last). ``window`` (left, right):
+    -inf on the keys more than ``left`` before or ``right`` after each query (``check_window``).
     """
     slopes = _placed(check_slopes(slopes), dtype, device)
     q_len, k_len = check_lengths(q_len, k_len, causal)
     out_dtype, _ = float_dtypes(slopes)
     rel = relative_positions(q_len, k_len, like=slopes)  # (i, j)
-    return cast(bias_from_distances(slopes, rel, causal), out_dtype if dtype is None else dtype)  # (H, i, j)
+    bias = bias_from_distances(slopes, rel, causal, check_window(window))  # (H, i, j)
+    return cast(bias, out_dtype if dtype is None else dtype)
 
 
 def _placed(slopes, dtype, device):
@@ -89,31 +113,41 @@ def _placed(slopes, dtype, device):
     return slopes if slopes.is_floating_point() else slopes.double()
 
 
-def bias_from_distances(slopes, rel, causal: bool):
+def bias_from_distances(slopes, rel, causal: bool, window=None):
     """-m_h * |rel| for integer distances ``rel`` of any shape, (H, *rel.shape), in >= float32.
 
     rel = i' - j, how far the key lies behind the query; with ``causal`` the keys ahead
-    (rel < 0) get -inf. The minus sits on the integers, so a zero distance is +0.0.
+    (rel < 0) get -inf, and with a ``window`` (left, right) from ``check_window`` so do the keys
+    with rel > left or rel < -right. The minus sits on the integers, so a zero distance is +0.0.
     """
     _, work = float_dtypes(slopes)
     per_head = cast(slopes, work).reshape((-1,) + (1,) * rel.ndim)  # (H, 1, ...)
     bias = per_head * cast(-abs(rel), work)  # (H, *rel.shape)
-    return where_negative(rel, bias, float("-inf")) if causal else bias
+    if causal:
+        bias = where_negative(rel, bias, float("-inf"))
+    left, right = window or (None, None)
+    if left is not None:
+        bias = masked(bias, rel > left, float("-inf"))  # too far behind the query
+    if right is not None:
+        bias = masked(bias, rel < -right, float("-inf"))  # too far ahead of it
+    return bias
 
 
-def positional_bias(slopes, q_positions, k_positions, *, causal: bool = False, key_padding_mask=None):
+def positional_bias(slopes, q_positions, k_positions, *, causal: bool = False, key_padding_mask=None,
+                    window=None):
     """The ALiBi bias from explicit token positions, shape (..., H, q_len, k_len).
 
     ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len) are integer positions per batch row:
     left padding (BLOOM takes them from ``attention_mask.cumsum(-1) - 1``), packed sequences and
     KV caches with gaps all give each token its true distance. The bias is -m_h * |p_i - p_j|;
     with ``causal`` a key whose position is after the query's is -inf. ``key_padding_mask``
-    (..., k_len), True where a key exists, puts -inf on the others. Tensors in give tensors on
+    (..., k_len), True where a key exists, puts -inf on the others; ``window`` limits each query to the
+    keys within (left, right) positions of its own. Tensors in give tensors on
     their device; the dtype follows ``float_dtypes(slopes)``, built in at least float32.
     """
     rel = q_positions[..., :, None] - k_positions[..., None, :]  # (..., i, j): how far key j lies behind query i
     out_dtype, _ = float_dtypes(slopes)
-    bias = bias_from_distances(slopes, rel, causal)  # (H, ..., i, j)
+    bias = bias_from_distances(slopes, rel, causal, check_window(window))  # (H, ..., i, j)
     bias = bias.moveaxis(0, -3) if is_tensor(bias) else xp(bias).moveaxis(bias, 0, -3)  # (..., H, i, j)
     if key_padding_mask is not None:
         keep = key_padding_mask[..., None, None, :]  # (..., 1, 1, j)

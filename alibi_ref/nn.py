@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .attention import alibi_attention
+from .bias import check_window
 from .slopes import get_slopes
 
 
@@ -26,7 +27,8 @@ class ALiBiMultiheadAttention(nn.Module):
     Hugging Face. Positions then default to BLOOM's ``attention_mask.cumsum(-1) - 1`` (pads at 0),
     so a left-padded prompt gets the same distances as alone; ``positions`` (B, T_past + T) sets
     them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim); ``dropout`` is
-    attention dropout on the weights, in training mode only.
+    attention dropout on the weights, in training mode only; ``window`` (left, right) a sliding window
+    (``alibi_attention``'s).
     """
 
     slopes: torch.Tensor
@@ -34,7 +36,7 @@ class ALiBiMultiheadAttention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, causal: bool = False,
         schedule: str = "paper", max_bias: float = 8.0, slopes=None, bias: bool = True,
-        softmax_scale: float | None = None, dropout: float = 0.0, device=None, dtype=None,
+        softmax_scale: float | None = None, dropout: float = 0.0, window=None, device=None, dtype=None,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -52,6 +54,7 @@ class ALiBiMultiheadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads, self.causal = d_model, n_heads, n_kv_heads, causal
         self.head_dim = d_model // n_heads
         self.softmax_scale = softmax_scale
+        self.window = check_window(window)
         self.dropout = dropout
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.q_proj = nn.Linear(d_model, d_model, **kw)
@@ -83,7 +86,7 @@ class ALiBiMultiheadAttention(nn.Module):
             k = torch.cat([past_kv[0], k], dim=2)  # (B, nkv, T_past + T, hs)
             v = torch.cat([past_kv[1], v], dim=2)
         y = alibi_attention(q, k, v, self.slopes, causal=self.causal, scale=self.softmax_scale,
-                            dropout_p=self.dropout if self.training else 0.0,
+                            dropout_p=self.dropout if self.training else 0.0, window=self.window,
                             **_padding(attention_mask, positions, x.shape[0], k.shape[2], x.shape[1]))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(x.shape)  # (B, T, C)
         out = self.out_proj(y)

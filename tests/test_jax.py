@@ -207,3 +207,12 @@ def test_attention_fn_refuses_a_wrong_head_count():
 def test_torch_tensors_still_come_back_as_tensors():
     out = alibi_attention(*to_torch(*np.zeros((3, 1, 2, 3, 4))), torch.tensor(get_slopes(2)))
     assert isinstance(out, torch.Tensor)
+
+
+def test_a_sliding_window_on_jax_equals_numpy():
+    q, k, v = np.random.default_rng(8).normal(size=(3, 1, 2, 9, 4))
+    expected = alibi_attention(q, k, v, get_slopes(2), causal=True, window=(3, 0))
+    for impl in ("naive", "sdpa"):
+        out = alibi_attention(*to_jax(q, k, v, dtype=jnp.float32), jnp.asarray(get_slopes(2), jnp.float32),
+                              causal=True, window=(3, 0), impl=impl)
+        np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alibi_ref import ALiBiMultiheadAttention, alibi_attention, alibi_bias, get_slopes
+from alibi_ref.attention import naive_attention
 from alibi_ref.bias import positional_bias
 
 
@@ -186,3 +187,59 @@ def test_the_layer_drops_out_in_training_only():
 def test_bad_dropout_is_refused(q, kwargs, message):
     with pytest.raises(ValueError, match=message):
         alibi_attention(q, q, q, [0.5], **kwargs)
+
+
+# ----------------------------------------------------------------------------- sliding window
+
+def _windowed_loop(q, k, v, slopes, causal, left, right):
+    """The window written out: query i (position i + k_len - q_len) sees key j only if j - left <= i' <= j + right."""
+    H, nq, d = q.shape
+    nk = k.shape[1]
+    bias = np.empty((H, nq, nk))
+    for h in range(H):
+        for i in range(nq):
+            for j in range(nk):
+                rel = i + nk - nq - j
+                hidden = (causal and rel < 0) or (left is not None and rel > left) or \
+                    (right is not None and rel < -right)
+                bias[h, i, j] = -np.inf if hidden else -slopes[h] * abs(rel)
+    return naive_attention(q, k, v, bias, 1 / np.sqrt(d))[0]
+
+
+@pytest.mark.parametrize(("window", "causal"), [((2, 1), False), ((3, 0), True), ((0, 0), False),
+                                                 ((-1, 2), False), ((4, None), True)])
+def test_a_sliding_window_sees_only_its_keys(window, causal):
+    rng = np.random.default_rng(9)
+    q, k, v = rng.normal(size=(3, 4, 7, 5))
+    slopes = get_slopes(4)
+    left, right = (None if w in (None, -1) else w for w in window)
+    expected = _windowed_loop(q[:, 2:], k, v, slopes, causal, left, right)  # 5 queries against 7 keys
+    np.testing.assert_allclose(alibi_attention(q[:, 2:], k, v, slopes, causal=causal, window=window), expected,
+                               atol=1e-12)
+    tq, tk, tv = (torch.tensor(x) for x in (q[:, 2:], k, v))
+    on_sdpa = alibi_attention(tq, tk, tv, torch.tensor(slopes), causal=causal, window=window)  # auto: sdpa
+    np.testing.assert_allclose(on_sdpa.numpy(), expected, atol=1e-12)
+
+
+def test_a_window_refuses_the_unmaterialised_paths_and_bad_sizes():
+    q = torch.zeros(1, 2, 4, 3)
+    for impl in ("strided", "flex"):
+        with pytest.raises(ValueError, match="cannot take key_padding_mask, positions or window"):
+            alibi_attention(q, q, q, get_slopes(2), window=(1, 1), impl=impl)
+    for bad in ((1,), (-2, 0), (1.5, 0), "wide"):
+        with pytest.raises(ValueError, match="window"):
+            alibi_attention(q, q, q, get_slopes(2), window=bad)
+
+
+def test_a_window_with_positions_and_in_the_layer():
+    torch.manual_seed(0)
+    layer = ALiBiMultiheadAttention(16, 4, causal=True, window=(2, 0)).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    full = layer(x)
+    # the layer's window equals a shorter context: each token sees itself and two before
+    for t in range(6):
+        alone = layer(x[:, max(0, t - 2):t + 1])[:, -1]
+        torch.testing.assert_close(full[:, t], alone)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]).bool()
+    padded = layer(x, attention_mask=mask)
+    torch.testing.assert_close(padded[1, 2:], layer(x[1:, 2:])[0])
