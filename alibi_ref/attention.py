@@ -27,6 +27,9 @@ from .bias import alibi_bias, check_lengths, check_slopes, check_window, positio
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
 FUSED_MIN_LEN = 512
+# on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
+# path, forward and backward (the README's training table, N = 64)
+STRIDED_MIN_LEN = 128
 
 
 class Dims(NamedTuple):
@@ -171,7 +174,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
         if not is_tensor(q) or return_weights:
             return "naive"
         if q.device.type != "cuda":
-            return "strided"
+            return "strided" if dims.k_len >= STRIDED_MIN_LEN else "sdpa"
         return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() and not dropout else "sdpa"
     return impl
 
@@ -216,7 +219,8 @@ def alibi_attention(
     with it as ``bias``, the default there for float32 and 16-bit floats), "strided" (the same kernel, the bias a
     strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
     (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
-    naive for NumPy or the weights, strided on the CPU, and on CUDA flex from FUSED_MIN_LEN
+    naive for NumPy or the weights, on the CPU strided from STRIDED_MIN_LEN keys and sdpa below, and on
+    CUDA flex from FUSED_MIN_LEN
     keys, sdpa below. strided and flex never build an (H, N, N) tensor. On a CPU, call
     ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.denormals`` for why ALiBi needs it
     to run at full speed.

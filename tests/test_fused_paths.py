@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_attention import problems, to_torch
 
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
-from alibi_ref.attention import FUSED_MIN_LEN, Dims, choose_impl
+from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
 from alibi_ref.strided import bias_row, causal_block, hankel_view, strided_alibi_attention
 
 
@@ -115,9 +115,10 @@ def test_causal_blocks_are_768_rows_against_many_keys_else_a_quarter_of_the_quer
 
 
 def test_auto_picks_the_fused_path_for_its_device():
-    for n in (1, FUSED_MIN_LEN - 1, 4096):
+    for n, expected in [(1, "sdpa"), (STRIDED_MIN_LEN - 1, "sdpa"), (STRIDED_MIN_LEN, "strided"),
+                        (FUSED_MIN_LEN - 1, "strided"), (4096, "strided")]:
         q = torch.zeros(1, 8, n, 4)
-        assert choose_impl("auto", q, Dims(8, 8, n, n, 4), False) == "strided", n
+        assert choose_impl("auto", q, Dims(8, 8, n, n, 4), False) == expected, n
     q = torch.zeros(1, 8, 1, 4)  # one decoding step against a long cache
     assert choose_impl("auto", q, Dims(8, 8, 1, 4096, 4), False) == "strided"
     assert choose_impl("auto", q, Dims(8, 8, 1, 4096, 4), True) == "naive"  # the weights were asked for
