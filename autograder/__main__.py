@@ -1,4 +1,4 @@
-"""python -m autograder grade SUBMISSIONS: grade a class and print the grade table."""
+"""python -m autograder grade SUBMISSIONS: grade a class and print the grade table; export: final grades for an LMS."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ def main(argv=None) -> int:
     p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap",
                    help="bwrap (default) isolates each kernel; none runs student code unisolated")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e = sub.add_parser("export", help="final grades (autograded and by hand) as a CSV an LMS imports")
+    e.add_argument("--output", type=Path, default=Path("grading"), help="the grading run's folder (default ./grading)")
+    e.add_argument("--db", default=None, help="gradebook SQLAlchemy URL (default: sqlite in OUTPUT)")
+    e.add_argument("--csv", type=Path, default=None, help="where the CSV goes (default OUTPUT/lms_grades.csv)")
     args = parser.parse_args(argv)
+    if args.command == "export":
+        return _export(parser, args)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0:
@@ -36,6 +42,17 @@ def main(argv=None) -> int:
                    sandbox=args.sandbox == "bwrap", progress=not args.no_progress)
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
+    return 0
+
+
+def _export(parser, args) -> int:
+    from .export import export
+
+    db = args.db or f"sqlite:///{args.output.resolve() / 'gradebook.db'}"
+    if args.db is None and not (args.output / "gradebook.db").exists():
+        parser.error(f"no gradebook in {args.output}: grade first, or give --db")
+    path = export(db, args.csv or args.output / "lms_grades.csv")
+    print(f"written to {path}")
     return 0
 
 

@@ -300,3 +300,32 @@ def test_a_postgresql_gradebook_gives_the_same_grades(graded_sample_class, postg
         points = db.execute(sa.text("select sum(auto_score) from grade")).scalar()
     assert points == sum(float(r["score"]) for r in on_postgres.values()) > 0
     assert not (tmp_path / "out" / "gradebook.db").exists()
+
+
+def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_class, tmp_path):
+    """A written answer graded by hand (nbgrader's API, as formgrader does) shows up beside the autograded points."""
+    from nbgrader.api import Gradebook
+
+    from autograder.__main__ import main
+    from autograder.grade import ASSIGNMENT
+
+    out, report, _ = graded_sample_class
+    shutil.copy(out / "gradebook.db", tmp_path / "gradebook.db")  # the session's gradebook stays as graded
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with Gradebook(db, ASSIGNMENT) as gb:
+        written = gb.find_grade("redundant_answer", "04_causal", ASSIGNMENT, "ada")
+        written.manual_score = 1.0
+        gb.db.commit()
+    assert main(["export", "--output", str(tmp_path)]) == 0
+    with open(tmp_path / "lms_grades.csv", newline="") as f:
+        header, possible, *rows = list(csv.reader(f))
+    assert header[:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+    assert possible[0] == "Points Possible" and float(possible[-1]) == 73  # 55 autograded, 18 by hand
+    by_student = {row[2]: dict(zip(header, row, strict=True)) for row in rows}
+    assert set(by_student) == set(report.totals()), "one row per student"
+    ada = by_student["ada"]
+    assert ada["04_causal autograded"] == "6" and ada["04_causal by hand"] == "1"
+    assert float(ada[f"{ASSIGNMENT} total"]) == report.totals()["ada"] + 1
+    for student, total in report.totals().items():
+        if student != "ada":
+            assert float(by_student[student][f"{ASSIGNMENT} total"]) == total, student
