@@ -746,11 +746,6 @@ def seed_slopes(n_heads: int) -> np.ndarray:
     return 2.0 ** (-8.0 * (np.arange(n_heads) + 1) / n_heads)
 
 
-def _symmetric_bias(slopes, T, sign=-1.0):
-    distance = np.abs(np.arange(T)[:, None] - np.arange(T)[None, :])  # (i, j)
-    return sign * np.asarray(slopes, float)[:, None, None] * distance  # (H, i, j)
-
-
 exercise(Exercise(
     "alibi_bias_jax",
     visible=lambda: [Case("alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's example, under jax.jit",
@@ -758,9 +753,9 @@ exercise(Exercise(
     hidden=lambda rng: [Case(f"alibi_bias_jax(<{H} slopes>, {T}) under jax.jit", (seed_slopes(H), T), atol=1e-7)
                         for H, T in [(1, 1), (8, 9), (4, 16), (16, 3),
                                      (int(rng.integers(2, 9)), int(rng.integers(2, 20)))]],
-    reference=lambda slopes, T: _symmetric_bias(slopes, T),
+    reference=lambda slopes, T: alibi_bias(np.asarray(slopes, float), T),
     mistakes=(Mistake("the bias has the wrong sign: it should penalise distance, -m * |i - j|",
-                      lambda slopes, T: _symmetric_bias(slopes, T, sign=1.0)),),
+                      lambda slopes, T: alibi_bias(-np.asarray(slopes, float), T)),),
     jax_inputs=True,
     adapter=jitted_with_static_length,
 ))
@@ -774,7 +769,7 @@ def _flax_linen_output(seed, x, num_heads, qkv_features, *, slopes=None, sign=-1
 
     x = jnp.asarray(x, jnp.float32)
     slopes = seed_slopes(num_heads) if slopes is None else slopes
-    bias = jnp.asarray(_symmetric_bias(slopes, x.shape[-2], sign), jnp.float32)  # (H, T, T)
+    bias = jnp.asarray(alibi_bias(-sign * np.asarray(slopes, float), x.shape[-2]), jnp.float32)  # (H, T, T)
 
     def alibi_fn(query, key, value, mask=None, **kwargs):
         return linen.dot_product_attention(query, key, value, bias=bias if biased else None, mask=mask, **kwargs)
@@ -823,7 +818,7 @@ def _flax_nnx_output(seed, x, num_heads, qkv_features):
     from flax import nnx
 
     x = jnp.asarray(x, jnp.float32)
-    bias = jnp.asarray(_symmetric_bias(seed_slopes(num_heads), x.shape[-2]), jnp.float32)
+    bias = jnp.asarray(alibi_bias(seed_slopes(num_heads), x.shape[-2]), jnp.float32)
 
     def alibi_fn(query, key, value, mask=None, **kwargs):
         return nnx.dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)
