@@ -1,12 +1,16 @@
-"""python -m autograder grade SUBMISSIONS: grade a class and print the grade table; export: final grades for an LMS."""
+"""python -m autograder: grade a class's nbgrader submissions, safely and in parallel.
+
+    collect             nbgrader's collect: the submissions in a course's exchange into its submitted/
+    grade SUBMISSIONS   grade every submission (locally, or on a Dask cluster with --scheduler)
+    feedback            regenerate the feedback with the points given by hand; --release: into the exchange
+    export              final grades, autograded and by hand, as a CSV an LMS imports
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-
-from .grade import grade
 
 
 def main(argv=None) -> int:
@@ -16,6 +20,13 @@ def main(argv=None) -> int:
     p.add_argument("submissions", type=Path, help="one folder or .zip per student (its name is the student id), "
                                                   "or nbgrader's submitted/ layout")
     p.add_argument("--output", type=Path, default=Path("grading"), help="where results go (default: ./grading)")
+    p.add_argument("--course", type=Path, default=None,
+                   help="an nbgrader course root (with nbgrader_config.py) or a folder with one folder of source "
+                        "notebooks per assignment (default: this repository's ALiBi course)")
+    p.add_argument("--assignment", action="append", default=None, metavar="NAME",
+                   help="an assignment to grade; repeat for several (default: every assignment of the course)")
+    p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="fan the grading out over this Dask scheduler's workers (default: a local process pool)")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per CPU core)")
     p.add_argument("--timeout", type=int, default=120, help="seconds per notebook, all cells together (default 120)")
     p.add_argument("--cell-timeout", type=int, default=60, help="seconds per cell (default 60)")
@@ -28,21 +39,76 @@ def main(argv=None) -> int:
     e.add_argument("--output", type=Path, default=Path("grading"), help="the grading run's folder (default ./grading)")
     e.add_argument("--db", default=None, help="gradebook SQLAlchemy URL (default: sqlite in OUTPUT)")
     e.add_argument("--csv", type=Path, default=None, help="where the CSV goes (default OUTPUT/lms_grades.csv)")
+    e.add_argument("--course-id", default=None, help="the course, where the gradebook holds several")
+    c = sub.add_parser("collect", help="nbgrader's collect in a course root (its exchange into submitted/)")
+    c.add_argument("--course", type=Path, required=True, help="the nbgrader course root (with nbgrader_config.py)")
+    c.add_argument("--assignment", action="append", default=None, metavar="NAME",
+                   help="an assignment to collect; repeat for several (default: every assignment of the course)")
+    f = sub.add_parser("feedback", help="regenerate every student's feedback from the gradebook (with the points "
+                                        "given by hand), without hidden tests; --release puts it in the exchange")
+    f.add_argument("--output", type=Path, default=Path("grading"), help="the grading run's folder (default ./grading)")
+    f.add_argument("--db", default=None, help="gradebook SQLAlchemy URL (default: the grading run's)")
+    f.add_argument("--release", action="store_true", help="release it with nbgrader's release_feedback, for students' "
+                                                          "`nbgrader fetch_feedback`")
     args = parser.parse_args(argv)
+    from .grade import grade
+
     if args.command == "export":
         return _export(parser, args)
+    if args.command == "collect":
+        return _collect(parser, args)
+    if args.command == "feedback":
+        return _feedback(parser, args)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0:
         parser.error("--timeout, --cell-timeout and --memory must be positive")
     if not args.submissions.is_dir():
         parser.error(f"SUBMISSIONS must be a folder, got {args.submissions}")
-    report = grade(args.submissions, args.output, workers=args.workers, timeout=args.timeout,
+    from .course import Course
+
+    try:
+        course = Course.find(args.course, args.assignment)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    report = grade(args.submissions, args.output, course=course, workers=args.workers, timeout=args.timeout,
                    cell_timeout=args.cell_timeout, memory_gib=args.memory, db=args.db,
-                   sandbox=args.sandbox == "bwrap", progress=not args.no_progress)
+                   sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress)
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
     return 0
+
+
+def _collect(parser, args) -> int:
+    from .course import Course
+    from .exchange import collect
+
+    try:
+        course = Course.find(args.course, args.assignment)
+        print(collect(args.course, course.assignments).strip())
+    except (FileNotFoundError, RuntimeError) as err:
+        parser.error(str(err))
+    return 0
+
+
+def _feedback(parser, args) -> int:
+    from .exchange import feedback
+
+    try:
+        done = feedback(args.output, release=args.release, db=args.db)
+    except (FileNotFoundError, RuntimeError) as err:
+        parser.error(str(err))
+    where = " and released to the exchange" if args.release else ""
+    print(f"feedback for {', '.join(done) or 'nothing graded yet'} written to {args.output}/feedback/{where}")
+    return 0
+
+
+def _graded_course_id(output: Path) -> str | None:
+    """The course a grading run in ``output`` graded, if it was one."""
+    import json
+
+    info = output / "state" / "course.json"
+    return json.loads(info.read_text())["course_id"] if info.exists() else None
 
 
 def _export(parser, args) -> int:
@@ -51,7 +117,11 @@ def _export(parser, args) -> int:
     db = args.db or f"sqlite:///{args.output.resolve() / 'gradebook.db'}"
     if args.db is None and not (args.output / "gradebook.db").exists():
         parser.error(f"no gradebook in {args.output}: grade first, or give --db")
-    path = export(db, args.csv or args.output / "lms_grades.csv")
+    try:
+        course_id = args.course_id or _graded_course_id(args.output)
+        path = export(db, args.csv or args.output / "lms_grades.csv", course_id)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"written to {path}")
     return 0
 

@@ -22,40 +22,70 @@ import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20
+# what nbgrader's exchange puts beside the notebooks: when it was handed in (late penalties) and the
+# secret that names the student's feedback in the exchange
+EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 
 
 @dataclass
 class Submission:
     student: str
+    assignment: str = ""
     notebooks: dict[str, bytes] = field(default_factory=dict)  # name -> cleaned, valid notebook
     problems: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (status, reason)
     notes: dict[str, str] = field(default_factory=dict)  # name -> what was repaired
+    files: dict[str, bytes] = field(default_factory=dict)  # EXCHANGE_FILES found beside the notebooks
 
     @property
     def digest(self) -> str:
         h = hashlib.sha256()
         for name in sorted(self.notebooks):
             h.update(name.encode() + b"\0" + self.notebooks[name])
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\1" + self.files[name])
         h.update(json.dumps([self.problems, self.notes], sort_keys=True).encode())
         return h.hexdigest()
 
 
-def _files_of_folder(folder: Path) -> dict[str, bytes]:
-    # nbgrader's layout puts the notebooks one level down, in a folder named for the assignment
+def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: bool, any_in_folder: bool) -> bool:
+    """Whether a notebook at ``parts`` (its path inside the student's folder or zip) belongs to ``assignment``.
+
+    nbgrader's layout puts the notebooks in a folder named for the assignment; where the student has
+    such a folder only what is inside counts, and with several assignments nothing else does."""
+    inside = assignment in parts[:-1]
+    return inside or not (own_folder_only or any_in_folder)
+
+
+def _files_of_folder(folder: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes]:
+    paths = [p for p in sorted(folder.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and p.is_file()]
+    parts = [p.relative_to(folder).parts for p in paths]
+    any_in_folder = any(assignment in q[:-1] for q in parts)
     found = {}
-    for path in sorted(folder.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts or not path.is_file():
-            continue
-        found.setdefault(path.stem, path.read_bytes()[: MAX_NOTEBOOK_BYTES + 1])
+    for path, q in zip(paths, parts, strict=True):
+        if _in_assignment(q, assignment, own_folder_only, any_in_folder):
+            found.setdefault(path.stem, path.read_bytes()[: MAX_NOTEBOOK_BYTES + 1])
     return found
 
 
-def _files_of_zip(path: Path) -> dict[str, bytes]:
+def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
+    """nbgrader's timestamp and submission secret, where the student's folder is in its layout."""
+    found = {}
+    for name in EXCHANGE_FILES:
+        for path in sorted(folder.rglob(name)):
+            if assignment and path.parent.name == assignment and path.stat().st_size < 4096:
+                found.setdefault(name, path.read_bytes())
+    return found
+
+
+def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes]:
     found = {}
     with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
+        infos = [i for i in archive.infolist() if not i.is_dir() and Path(i.filename).suffix == ".ipynb"
+                 and "__MACOSX" not in Path(i.filename).parts]
+        any_in_folder = any(assignment in Path(i.filename).parts[:-1] for i in infos)
+        for info in infos:
             name = Path(info.filename)
-            if info.is_dir() or name.suffix != ".ipynb" or "__MACOSX" in name.parts:
+            if not _in_assignment(name.parts, assignment, own_folder_only, any_in_folder):
                 continue
             if info.file_size > MAX_NOTEBOOK_BYTES:
                 found.setdefault(name.stem, b"\0" * (MAX_NOTEBOOK_BYTES + 1))
@@ -113,8 +143,14 @@ def _clean(raw: bytes, release) -> tuple[bytes | None, str]:
     return nbformat.writes(nb).encode(), "; ".join(notes)
 
 
-def collect(folder: Path, notebooks: dict[str, Path]) -> list[Submission]:
-    """Every student's submission in ``folder``; ``notebooks`` maps each notebook's name to its release version."""
+def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
+            own_folder_only: bool = False) -> list[Submission]:
+    """Every student's submission of ``assignment`` in ``folder``.
+
+    ``notebooks`` maps each notebook's name to its release version. A student's notebooks may lie
+    anywhere in their folder or zip, unless they have a folder named for the assignment (nbgrader's
+    layout): then only that one counts, and with ``own_folder_only`` (several assignments graded
+    together) it must be there."""
     if not folder.is_dir():
         raise FileNotFoundError(f"submissions folder {folder} does not exist")
     releases = {name: nbformat.read(path, as_version=4) for name, path in notebooks.items()}
@@ -123,14 +159,17 @@ def collect(folder: Path, notebooks: dict[str, Path]) -> list[Submission]:
         if entry.name.startswith("."):
             continue
         student = entry.stem if entry.suffix == ".zip" else entry.name
-        submission = Submission(student)
+        submission = Submission(student, assignment)
         class_.append(submission)
         if not STUDENT_ID.match(student):
             for name in notebooks:
                 submission.problems[name] = ("invalid", f"{entry.name!r} is not a usable student id")
             continue
         try:
-            files = _files_of_zip(entry) if entry.suffix == ".zip" else _files_of_folder(entry)
+            files = (_files_of_zip(entry, assignment, own_folder_only) if entry.suffix == ".zip"
+                     else _files_of_folder(entry, assignment, own_folder_only))
+            if entry.is_dir():
+                submission.files = _exchange_files(entry, assignment)
         except (zipfile.BadZipFile, OSError) as err:
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")

@@ -1,13 +1,15 @@
 """Grade a class: collect submissions, autograde each student with nbgrader in parallel, report.
 
-    grade(submissions, output, workers=..., timeout=..., db=...) -> Report
+    grade(submissions, output, course=..., assignments=..., workers=..., timeout=..., db=...) -> Report
 
-The work happens in OUTPUT/course, an nbgrader course root: source/ is a copy of the
-repository's solutions/, the gradebook is OUTPUT/gradebook.db (or --db), and nbgrader's own
-generate_assignment, autograde, generate_feedback and export do the grading. Each student is
-one job; a worker runs nbgrader's autograde for that student with the sandboxed Execute step.
-A student whose submission has not changed since their last complete grading is skipped, so
-re-running is idempotent and an interrupted run resumes where it stopped.
+The work happens in OUTPUT/course, an nbgrader course root: source/ is a copy of the course's
+source notebooks (this repository's solutions/ unless ``course`` says otherwise, see
+``course.py``), the gradebook is OUTPUT/gradebook.db (or ``db``), and nbgrader's own
+generate_assignment, autograde, generate_feedback and export do the grading. Each student's
+assignment is one job; a worker runs nbgrader's autograde for it with the sandboxed Execute step,
+in a local process pool or, with ``scheduler``, on a Dask cluster (``distributed.py``). A job
+whose submission has not changed since its last complete grading is skipped, so re-running is
+idempotent and an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +28,9 @@ from pathlib import Path
 from traitlets.config import Config
 
 from .collect import Submission, collect
-from .sandbox import REPO, SandboxPolicy, warn_if_unsandboxed
+from .course import Course, load_config
+from .sandbox import SandboxPolicy, warn_if_unsandboxed
 
-ASSIGNMENT = "alibi"
 # correct code that prints a warning is not failed for it (nbgrader fails any stderr otherwise)
 WARNING_PATTERN = r"\w*Warning: "
 
@@ -41,14 +44,20 @@ class Settings:
     cell_timeout: int
     memory_bytes: int
     sandbox: bool
+    course: Course
 
 
-def nbgrader_config(s: Settings) -> Config:
-    c = Config()
+def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
+    """The course's own configuration, with what grading needs set on top of it (``exchange``: its own
+    exchange, as configured or nbgrader's default, for releasing feedback)."""
+    c = load_config(s.course.config_file) if s.course.config_file else Config()
     c.CourseDirectory.root = str(s.output / "course")
-    c.CourseDirectory.course_id = ASSIGNMENT
-    c.CourseDirectory.source_directory = "source"
+    c.CourseDirectory.course_id = s.course.course_id
+    for folder in ("source", "release", "submitted", "autograded", "feedback"):
+        setattr(c.CourseDirectory, f"{folder}_directory", folder)
     c.CourseDirectory.db_url = s.db_url
+    if "root" not in c.Exchange and not exchange:  # grading never uses it; nbgrader's API wants a writable one
+        c.Exchange.root = str(s.output / "exchange")
     c.OverwriteCells.add_missing_cells = True  # a deleted test cell is put back, not skipped
     c.IgnorePattern.enabled = True
     c.IgnorePattern.pattern = WARNING_PATTERN
@@ -78,12 +87,46 @@ def nbgrader_config(s: Settings) -> Config:
     return c
 
 
-def _api(s: Settings, notebook: str = "*"):
+# where a Dask worker executed the notebooks, this process records its outputs through the same pipeline
+REPLAYED = [
+    "autograder.distributed.ReplayExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+
+
+def _api(s: Settings, notebook: str = "*", replay_dir: Path | None = None, exchange: bool = False):
     from nbgrader.apps import NbGraderAPI
 
-    config = nbgrader_config(s)
+    config = nbgrader_config(s, exchange)
     config.CourseDirectory.notebook_id = notebook
+    if replay_dir is not None:
+        config.Autograde.autograde_preprocessors = REPLAYED
+        config.ReplayExecute.replay_dir = str(replay_dir)
     return NbGraderAPI(config=config)
+
+
+def ensure_tools_on_path() -> None:
+    """nbgrader runs its database migrations with the `alembic` program of this environment."""
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def load_settings(output: Path, db: str | None = None) -> Settings:
+    """The settings of an earlier grading run in ``output`` (its course, its gradebook), to work on its results."""
+    info_file = Path(output).resolve() / "state" / "course.json"
+    if not info_file.exists():
+        raise FileNotFoundError(f"no grading run in {output}: grade first (python -m autograder grade ...)")
+    info = json.loads(info_file.read_text())
+    course = Course(source=Path(info["source"]), course_id=info["course_id"], assignments=tuple(info["assignments"]),
+                    config_file=Path(info["config_file"]) if info["config_file"] else None)
+    return Settings(output=info_file.parents[1], db_url=db or info["db_url"], workers=1, timeout=120,
+                    cell_timeout=60, memory_bytes=3 * 2**30, sandbox=True, course=course)
 
 
 def _tree_hash(folder: Path) -> str:
@@ -94,28 +137,36 @@ def _tree_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def prepare_course(s: Settings) -> dict[str, Path]:
-    """Copy solutions/ in as nbgrader's source and generate the assignment (only when it changed).
+def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
+    """Copy each assignment's source in and generate it with nbgrader (only when it changed).
 
-    Returns each notebook's generated release version, by name."""
-    source = s.output / "course" / "source" / ASSIGNMENT
-    solutions = REPO / "solutions" / ASSIGNMENT
-    marker = s.output / "state" / "source.sha256"
-    wanted = _tree_hash(solutions) + s.db_url
-    if not (marker.exists() and marker.read_text() == wanted and source.exists()):
-        shutil.rmtree(source, ignore_errors=True)
-        shutil.copytree(solutions, source)
-        result = _api(s).generate_assignment(ASSIGNMENT, force=True)
-        if not result["success"]:
-            raise RuntimeError(f"nbgrader generate_assignment failed:\n{result['log']}\n{result.get('error', '')}")
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(wanted)
-    release = s.output / "course" / "release" / ASSIGNMENT
-    return {p.stem: p for p in sorted(release.glob("*.ipynb"))}
+    Returns {assignment: {notebook name: its generated release version}}."""
+    releases = {}
+    for assignment in s.course.assignments:
+        source = s.output / "course" / "source" / assignment
+        marker = s.output / "state" / f"{assignment}.source.sha256"
+        wanted = _tree_hash(s.course.source / assignment) + s.db_url + s.course.course_id
+        if not (marker.exists() and marker.read_text() == wanted and source.exists()):
+            shutil.rmtree(source, ignore_errors=True)
+            shutil.copytree(s.course.source / assignment, source)
+            result = _api(s).generate_assignment(assignment, force=True)
+            if not result["success"]:
+                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}\n"
+                                   f"{result.get('error', '')}")
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(wanted)
+        release = s.output / "course" / "release" / assignment
+        releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
+    (s.output / "state" / "course.json").write_text(json.dumps({
+        "course_id": s.course.course_id, "assignments": list(s.course.assignments),
+        "source": str(s.course.source), "config_file": str(s.course.config_file or ""), "db_url": s.db_url}))
+    return releases
 
 
-def _grade_student(s: Settings, student: str, notebooks: list[str]) -> dict:
-    """One worker job: nbgrader autograde, then feedback, for one student.
+def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,
+                   replay_dir: Path | None = None) -> dict:
+    """One worker job: nbgrader autograde, then feedback, for one student's assignment (with
+    ``replay_dir``: recording the outputs a Dask worker computed, see ``distributed.py``).
 
     nbgrader discards a student's whole assignment when it fails on any one notebook, so after
     such a failure each notebook is autograded on its own: only the one that fails is lost.
@@ -126,16 +177,24 @@ def _grade_student(s: Settings, student: str, notebooks: list[str]) -> dict:
 
     warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's own session bookkeeping
     failed = {}
-    result = _api(s).autograde(ASSIGNMENT, student, force=True, create=True)
+    started = time.perf_counter()
+    result = _api(s, replay_dir=replay_dir).autograde(assignment, student, force=True, create=True)
     if not result["success"]:
         for name in notebooks:
-            one = _api(s, name).autograde(ASSIGNMENT, student, force=True, create=True)
+            one = _api(s, name, replay_dir).autograde(assignment, student, force=True, create=True)
             if not one["success"]:
                 failed[name] = _last_words(one)
-    feedback = _api(s).generate_feedback(ASSIGNMENT, student, force=True)
-    if not feedback["success"]:
-        failed["*"] = _last_words(feedback)
-    return {"student": student, "failed": failed}
+    graded = time.perf_counter()
+    if feedback:
+        made = _api(s).generate_feedback(assignment, student, force=True)
+        if not made["success"]:
+            failed["*"] = _last_words(made)
+    # where the time went (benchmarks/grading.py reads it): nbgrader's autograde, kernels included, and feedback
+    timing = {"autograde": graded - started, "feedback": time.perf_counter() - graded}
+    state = s.output / "state" / student / assignment
+    state.mkdir(parents=True, exist_ok=True)
+    (state / (".replay_timing.json" if replay_dir else ".timing.json")).write_text(json.dumps(timing))
+    return {"student": student, "assignment": assignment, "failed": failed}
 
 
 def _last_words(result: dict) -> str:
@@ -144,12 +203,14 @@ def _last_words(result: dict) -> str:
 
 def _stage(s: Settings, submission: Submission, notebooks) -> None:
     """Put the readable notebooks where nbgrader looks for them, and record the others."""
-    target = s.output / "course" / "submitted" / submission.student / ASSIGNMENT
+    target = s.output / "course" / "submitted" / submission.student / submission.assignment
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    state = s.output / "state" / submission.student
+    state = _state_dir(s, submission)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
+    for name, raw in submission.files.items():
+        (target / name).write_bytes(raw)
     for name in notebooks:
         problem = submission.problems.get(name)
         if name in submission.notebooks:
@@ -159,63 +220,85 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
             (state / f"{name}.json").write_text(json.dumps({"status": status, "reason": reason, "seconds": 0}))
 
 
-def grade(submissions, output="grading", *, workers: int | None = None, timeout: int = 120,
-          cell_timeout: int = 60, memory_gib: float = 3.0, db: str | None = None, sandbox: bool = True,
-          progress: bool = True):
-    """Grade every submission in ``submissions``; returns the Report (also written to ``output``)."""
+def _state_dir(s: Settings, submission: Submission) -> Path:
+    return s.output / "state" / submission.student / submission.assignment
+
+
+def grade(submissions, output="grading", *, course=None, assignments=None, workers: int | None = None,
+          timeout: int = 120, cell_timeout: int = 60, memory_gib: float = 3.0, db: str | None = None,
+          sandbox: bool = True, scheduler: str | None = None, progress: bool = True):
+    """Grade every submission in ``submissions``; returns the Report (also written to ``output``).
+
+    ``course``: a Course, or the folder ``Course.find`` takes (default: this repository's course);
+    ``assignments``: which of its assignments (default: all). ``scheduler``: a Dask scheduler's
+    address to fan the jobs out to (default: a local pool of ``workers`` processes).
+    """
     from .report import Report
 
     output = Path(output).resolve()
     submissions = Path(submissions).resolve()
+    if not isinstance(course, Course):
+        course = Course.find(course, assignments)
     s = Settings(
         output=output, db_url=db or f"sqlite:///{output / 'gradebook.db'}",
         workers=workers or os.cpu_count() or 1, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
-        memory_bytes=int(memory_gib * 2**30), sandbox=sandbox,
+        memory_bytes=int(memory_gib * 2**30), sandbox=sandbox, course=course,
     )
     warn_if_unsandboxed(SandboxPolicy(use_bwrap=sandbox))
-    # nbgrader runs its database migrations with the `alembic` program of this environment
-    bin_dir = str(Path(sys.executable).parent)
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    output.mkdir(parents=True, exist_ok=True)
-    notebooks = prepare_course(s)
-    class_ = collect(submissions, notebooks)
+    ensure_tools_on_path()
+    (output / "exchange").mkdir(parents=True, exist_ok=True)
+    releases = prepare_course(s)
+    class_ = []
+    for assignment, notebooks in releases.items():
+        # with several assignments each student's notebooks must sit in a folder named for theirs
+        class_ += collect(submissions, notebooks, assignment, own_folder_only=len(releases) > 1)
     todo = []
     for submission in class_:
-        done = output / "state" / submission.student / "done.sha256"
+        done = _state_dir(s, submission) / "done.sha256"
         if done.exists() and done.read_text() == submission.digest + s.db_url:
             continue  # graded already, and nothing changed since
-        _stage(s, submission, notebooks)
+        _stage(s, submission, releases[submission.assignment])
         todo.append(submission)
 
-    failures = _run(s, todo, progress)
-    report = Report.build(s, class_, list(notebooks), failures)
+    if scheduler:
+        from .distributed import run_on_cluster
+
+        failures = run_on_cluster(s, todo, scheduler, progress)
+    else:
+        failures = _run(s, todo, progress)
+    report = Report.build(s, class_, releases, failures)
     report.write()
     return report
 
 
-def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[str, dict[str, str]]:
-    """Grade ``todo`` in the worker pool: {student: {notebook (or "*" for all): why nbgrader failed}}."""
+def record_done(s: Settings, sub: Submission, failed: dict[str, str], failures: dict) -> None:
+    """Note a finished job: its failures, or (none) that it need not be graded again while unchanged."""
+    if failed:
+        failures[sub.student, sub.assignment] = failed
+    else:
+        (_state_dir(s, sub) / "done.sha256").write_text(sub.digest + s.db_url)
+
+
+def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[tuple[str, str], dict[str, str]]:
+    """Grade ``todo`` in the local worker pool.
+
+    Returns {(student, assignment): {notebook (or "*" for all): why nbgrader failed}}."""
     from tqdm import tqdm
 
     failures = {}
-    by_name = {sub.student: sub for sub in todo}
     # spawn: a fresh interpreter per worker, nothing inherited from the caller's state
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=s.workers, mp_context=context) as pool, \
             tqdm(total=len(todo), desc="grading", unit="student", disable=not progress, file=sys.stderr) as bar:
-        jobs = {pool.submit(_grade_student, s, sub.student, sorted(sub.notebooks)): sub.student for sub in todo}
+        jobs = {pool.submit(_grade_student, s, sub.student, sub.assignment, sorted(sub.notebooks)): sub
+                for sub in todo}
         for job in as_completed(jobs):
-            student = jobs[job]
+            sub = jobs[job]
             try:
-                result = job.result()
+                failed = job.result()["failed"]
             except Exception as err:  # a worker that died: record it, keep grading the others
-                result = {"student": student, "failed": {"*": repr(err)[-500:]}}
-            if result["failed"]:
-                failures[student] = result["failed"]
-            else:
-                done = s.output / "state" / student / "done.sha256"
-                done.write_text(by_name[student].digest + s.db_url)
-            bar.set_postfix_str(student)
+                failed = {"*": repr(err)[-500:]}
+            record_done(s, sub, failed, failures)
+            bar.set_postfix_str(sub.student)
             bar.update()
     return failures

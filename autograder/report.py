@@ -8,51 +8,52 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grade import ASSIGNMENT
-
-COLUMNS = ["student", "notebook", "score", "max_score", "status", "reason"]
+COLUMNS = ["student", "assignment", "notebook", "score", "max_score", "status", "reason"]
 
 
 @dataclass
 class Report:
     output: Path
     db_url: str
-    notebooks: list[str]
+    course_id: str
+    notebooks: list[tuple[str, str]]  # (assignment, notebook), in order
     rows: list[dict] = field(default_factory=list)
     pass_rates: dict[str, float] = field(default_factory=dict)  # "notebook/test cell" -> fraction passed
 
     @classmethod
-    def build(cls, s, class_, notebooks, failures: dict[str, dict[str, str]]) -> Report:
+    def build(cls, s, class_, releases: dict[str, dict], failures: dict[tuple[str, str], dict[str, str]]) -> Report:
         from nbgrader.api import Gradebook, MissingEntry
 
-        report = cls(s.output, s.db_url, list(notebooks))
+        report = cls(s.output, s.db_url, s.course.course_id, [(a, n) for a, nbs in releases.items() for n in nbs])
+        several = len(releases) > 1
         passed: dict[str, list[bool]] = {}
-        with Gradebook(s.db_url, ASSIGNMENT) as gb:
+        with Gradebook(s.db_url, s.course.course_id) as gb:
             for submission in class_:
-                for name in notebooks:
-                    state = _state(s.output, submission.student, name)
+                assignment = submission.assignment
+                for name in releases[assignment]:
+                    state = _state(s.output, submission.student, assignment, name)
                     status, reason = state.get("status", "error"), state.get("reason", "")
                     if status == "graded" and state.get("failed"):
                         reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
-                    score, max_score = 0.0, gb.find_notebook(name, ASSIGNMENT).max_code_score
-                    failed = failures.get(submission.student, {})
+                    score, max_score = 0.0, gb.find_notebook(name, assignment).max_code_score
+                    failed = failures.get((submission.student, assignment), {})
                     why = failed.get(name) or failed.get("*")
                     if why and status not in ("missing", "unreadable", "invalid"):
                         status, reason = "error", f"nbgrader could not grade this notebook: {why}"
                     else:
                         try:
-                            graded = gb.find_submission_notebook(name, ASSIGNMENT, submission.student)
+                            graded = gb.find_submission_notebook(name, assignment, submission.student)
                             score = graded.code_score
                             for grade in graded.grades:
                                 if grade.cell_type == "code" and name in submission.notebooks:
-                                    passed.setdefault(f"{name}/{grade.name}", []).append(
-                                        (grade.auto_score or 0) >= grade.max_score)
+                                    key = f"{assignment}/{name}/{grade.name}" if several else f"{name}/{grade.name}"
+                                    passed.setdefault(key, []).append((grade.auto_score or 0) >= grade.max_score)
                         except MissingEntry:
                             pass
                     note = submission.notes.get(name)
                     reason = f"{reason}; {note}" if reason and note else reason or note or ""
-                    report.rows.append({"student": submission.student, "notebook": name, "score": score,
-                                        "max_score": max_score, "status": status, "reason": reason})
+                    report.rows.append({"student": submission.student, "assignment": assignment, "notebook": name,
+                                        "score": score, "max_score": max_score, "status": status, "reason": reason})
         report.pass_rates = {k: sum(v) / len(v) for k, v in sorted(passed.items())}
         return report
 
@@ -69,15 +70,11 @@ class Report:
         from nbgrader.api import Gradebook
         from nbgrader.plugins import CsvExportPlugin
 
-        with Gradebook(self.db_url, ASSIGNMENT) as gb:
+        with Gradebook(self.db_url, self.course_id) as gb:
             CsvExportPlugin(to=str(self.output / "nbgrader_grades.csv")).export(gb)
 
     def _copy_feedback(self) -> None:
-        source = self.output / "course" / "feedback"
-        for html in source.glob(f"*/{ASSIGNMENT}/*.html"):
-            target = self.output / "feedback" / html.parts[-3] / html.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(html, target)
+        copy_feedback(self.output, sorted({a for a, _ in self.notebooks}))
 
     def _plots(self) -> None:
         from matplotlib.figure import Figure
@@ -106,31 +103,47 @@ class Report:
             totals[row["student"]] = totals.get(row["student"], 0.0) + row["score"]
         return totals
 
-    def max_scores(self) -> dict[str, float]:
-        return {row["notebook"]: row["max_score"] for row in self.rows}
+    def max_scores(self) -> dict[tuple[str, str], float]:
+        """{(assignment, notebook): its autograded points}"""
+        return {(row["assignment"], row["notebook"]): row["max_score"] for row in self.rows}
 
     def table(self) -> str:
         """Students down, notebooks across: score, and a mark where the status is not 'graded'."""
         marks = {"graded": "", "missing": " -", "unreadable": " U", "crashed": " C", "timeout": " T",
                  "flagged": " F", "error": " E", "invalid": " I"}
-        by_student: dict[str, dict[str, dict]] = {}
+        by_student: dict[str, dict[tuple[str, str], dict]] = {}
         for row in self.rows:
-            by_student.setdefault(row["student"], {})[row["notebook"]] = row
-        short = [n.split("_")[0] for n in self.notebooks]
+            by_student.setdefault(row["student"], {})[row["assignment"], row["notebook"]] = row
+        several = len({a for a, _ in self.notebooks}) > 1
+        short = [f"{a}/{n.split('_')[0]}" if several else n.split("_")[0] for a, n in self.notebooks]
         width = max([7, *(len(s) for s in by_student)])
-        lines = [f"{'student':<{width}} " + " ".join(f"{n:>7}" for n in short) + f" {'total':>7}"]
+        col = max([7, *(len(n) for n in short)])
+        lines = [f"{'student':<{width}} " + " ".join(f"{n:>{col}}" for n in short) + f" {'total':>7}"]
         maxes = self.max_scores()
-        lines.append(f"{'(max)':<{width}} " + " ".join(f"{maxes[n]:>7g}" for n in self.notebooks)
+        lines.append(f"{'(max)':<{width}} " + " ".join(f"{maxes.get(n, 0):>{col}g}" for n in self.notebooks)
                      + f" {sum(maxes.values()):>7g}")
         for student, rows in by_student.items():
-            cells = [f"{rows[n]['score']:g}{marks.get(rows[n]['status'], ' ?')}" for n in self.notebooks]
-            total = sum(rows[n]["score"] for n in self.notebooks)
-            lines.append(f"{student:<{width}} " + " ".join(f"{c:>7}" for c in cells) + f" {total:>7g}")
+            cells = [f"{rows[n]['score']:g}{marks.get(rows[n]['status'], ' ?')}" if n in rows else ""
+                     for n in self.notebooks]
+            total = sum(row["score"] for row in rows.values())
+            lines.append(f"{student:<{width}} " + " ".join(f"{c:>{col}}" for c in cells) + f" {total:>7g}")
         lines.append("marks: - missing, U unreadable, C crashed, T timed out, F flagged (reaches for the reference), "
                      "E grading error, I invalid id; details in grades.csv")
         return "\n".join(lines)
 
 
-def _state(output: Path, student: str, notebook: str) -> dict:
-    path = output / "state" / student / f"{notebook}.json"
+def copy_feedback(output: Path, assignments: list[str]) -> None:
+    """nbgrader's feedback pages, from the course in ``output`` to ``output/feedback``: one assignment
+    gives feedback/STUDENT/NOTEBOOK.html, several feedback/STUDENT/ASSIGNMENT/NOTEBOOK.html."""
+    source = output / "course" / "feedback"
+    for assignment in assignments:
+        for html in source.glob(f"*/{assignment}/*.html"):
+            student = output / "feedback" / html.parts[-3]
+            target = (student / assignment if len(assignments) > 1 else student) / html.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(html, target)
+
+
+def _state(output: Path, student: str, assignment: str, notebook: str) -> dict:
+    path = output / "state" / student / assignment / f"{notebook}.json"
     return json.loads(path.read_text()) if path.exists() else {}

@@ -28,10 +28,8 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
 
+import alibi_ref
 from alibi_ref.course.checks import GRADING_ENV
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/sys")
@@ -71,8 +69,11 @@ def warn_if_unsandboxed(policy: SandboxPolicy) -> None:
 
 
 def _python_roots() -> list[str]:
-    """Folders the kernel's Python needs: the venv, the base installation, the reference package."""
-    roots = {sys.prefix, sys.base_prefix, str(REPO / "alibi_ref")}
+    """Folders the kernel's Python needs: the venv, the base installation, the packages' folders
+    (site-packages that a .pth file adds from elsewhere) and the reference package itself, which an
+    editable install serves from a checkout: that folder only, never the checkout with its solutions."""
+    packages = {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
+    roots = {sys.prefix, sys.base_prefix, str(Path(alibi_ref.__file__).parent), *packages}
     return sorted(roots)
 
 

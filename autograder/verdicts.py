@@ -110,7 +110,7 @@ class RecordOutcome(NbGraderPreprocessor):
             if meta.get("grade") and cell.cell_type == "code" and errors:
                 message = " ".join(str(errors[0].get("evalue", "")).split())[:400]
                 failed[meta["grade_id"]] = f"{errors[0].ename}: {message}" if message else errors[0].ename
-        path = Path(self.state_dir) / ids["student"] / f"{ids['notebook']}.json"
+        path = Path(self.state_dir) / ids["student"] / ids["assignment"] / f"{ids['notebook']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**outcome, "failed": failed}))
         return nb, resources

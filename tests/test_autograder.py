@@ -136,16 +136,17 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while not list(out.glob("state/*/done.sha256")) and time.monotonic() < deadline:
+    while not list(out.glob("state/*/alibi/done.sha256")) and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(proc.pid, 9)  # the instructor's laptop dies
     proc.wait()
-    done = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("state/*/done.sha256")}
+    done = {p.parent.parent.name: p.stat().st_mtime_ns for p in out.glob("state/*/alibi/done.sha256")}
     assert 1 <= len(done) < 4, f"expected an interrupted run, found {len(done)} students done"
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     for student, mtime in done.items():
-        assert (out / "state" / student / "done.sha256").stat().st_mtime_ns == mtime, f"{student} was graded again"
+        done_file = out / "state" / student / "alibi" / "done.sha256"
+        assert done_file.stat().st_mtime_ns == mtime, f"{student} was graded again"
     assert (tmp_path / "elsewhere.db").exists() and not (out / "gradebook.db").exists(), "--db was not used"
     rows = _rows(out / "grades.csv")
     graded = {r["student"]: r for r in rows if r["notebook"] == "03_slope_zero"}
@@ -307,13 +308,12 @@ def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_cla
     from nbgrader.api import Gradebook
 
     from autograder.__main__ import main
-    from autograder.grade import ASSIGNMENT
 
     out, report, _ = graded_sample_class
     shutil.copy(out / "gradebook.db", tmp_path / "gradebook.db")  # the session's gradebook stays as graded
     db = f"sqlite:///{tmp_path / 'gradebook.db'}"
-    with Gradebook(db, ASSIGNMENT) as gb:
-        written = gb.find_grade("redundant_answer", "04_causal", ASSIGNMENT, "ada")
+    with Gradebook(db, "alibi") as gb:
+        written = gb.find_grade("redundant_answer", "04_causal", "alibi", "ada")
         written.manual_score = 1.0
         gb.db.commit()
     assert main(["export", "--output", str(tmp_path)]) == 0
@@ -325,7 +325,7 @@ def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_cla
     assert set(by_student) == set(report.totals()), "one row per student"
     ada = by_student["ada"]
     assert ada["04_causal autograded"] == "6" and ada["04_causal by hand"] == "1"
-    assert float(ada[f"{ASSIGNMENT} total"]) == report.totals()["ada"] + 1
+    assert float(ada["alibi total"]) == report.totals()["ada"] + 1
     for student, total in report.totals().items():
         if student != "ada":
-            assert float(by_student[student][f"{ASSIGNMENT} total"]) == total, student
+            assert float(by_student[student]["alibi total"]) == total, student

@@ -1,0 +1,317 @@
+"""The autograder beyond this course and this machine: any nbgrader course, several assignments, the
+installed package, a Dask cluster, and the cycle an instructor runs through nbgrader's exchange."""
+
+import contextlib
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import tiny_course
+from conftest import FAST
+
+from autograder.grade import grade
+from autograder.sandbox import bwrap_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _scores(path) -> dict[tuple[str, str, str], tuple[float, str]]:
+    return {(r["student"], r["assignment"], r["notebook"]): (float(r["score"]), r["status"]) for r in _rows(path)}
+
+
+def _hand_in(folder: Path, course: Path, assignment: str, notebook: str, answers, written=None) -> None:
+    nb = tiny_course.answer(course / "release" / assignment / f"{notebook}.ipynb", answers, written)
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{notebook}.ipynb")
+
+
+def _tiny_class(course: Path, subs: Path) -> dict:
+    """Four students of the tiny course in nbgrader's layout; what each should get."""
+    right = tiny_course.ANSWERS
+    _hand_in(subs / "good" / "hw1", course, "hw1", "squares", right)
+    _hand_in(subs / "good" / "hw2", course, "hw2", "words", right)
+    _hand_in(subs / "part" / "hw1", course, "hw1", "squares", {"squares": "def squares(n):\n    return [0, 1, 4]"})
+    _hand_in(subs / "part" / "hw2", course, "hw2", "words", right)
+    _hand_in(subs / "dies" / "hw1", course, "hw1", "squares", {"squares": "import os\nos._exit(3)"})
+    _hand_in(subs / "flat", course, "hw2", "words", right)  # not in a folder named for the assignment
+    return {
+        ("good", "hw1", "squares"): (2.0, "graded"), ("good", "hw2", "words"): (3.0, "graded"),
+        ("part", "hw1", "squares"): (0.0, "graded"), ("part", "hw2", "words"): (3.0, "graded"),
+        ("dies", "hw1", "squares"): (0.0, "crashed"), ("dies", "hw2", "words"): (0.0, "missing"),
+        ("flat", "hw1", "squares"): (0.0, "missing"), ("flat", "hw2", "words"): (0.0, "missing"),
+    }
+
+
+@needs_bwrap
+def test_any_nbgrader_course_with_several_assignments(tmp_path):
+    course = tiny_course.build(tmp_path / "tiny")
+    expected = _tiny_class(course, tmp_path / "subs")
+    out = tmp_path / "out"
+    report = grade(tmp_path / "subs", out, course=course, **FAST)
+    assert _scores(out / "grades.csv") == expected
+    assert report.course_id == tiny_course.COURSE_ID
+    reasons = {(r["student"], r["assignment"]): r["reason"] for r in _rows(out / "grades.csv")}
+    assert "the kernel died in cell 1" in reasons["dies", "hw1"]
+    assert "test_squares" in reasons["part", "hw1"]
+    # feedback per student and assignment, without the hidden tests
+    page = re.sub(r"<[^>]+>", "", (out / "feedback" / "part" / "hw1" / "squares.html").read_text())
+    assert "squares(3)" in page and "squares(6)" not in page
+    # the gradebook is the course's: its id, both assignments
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}", tiny_course.COURSE_ID) as gb:
+        assert sorted(a.name for a in gb.assignments) == ["hw1", "hw2"]
+        assert gb.find_submission_notebook("words", "hw2", "good").code_score == 3
+    # one assignment alone, chosen by name: then notebooks outside a folder named for it count too
+    only = grade(tmp_path / "subs", tmp_path / "out2", course=course, assignments=["hw2"], **FAST)
+    assert {r["assignment"] for r in only.rows} == {"hw2"}
+    alone = {k: v for k, v in expected.items() if k[1] == "hw2"} | {("flat", "hw2", "words"): (3.0, "graded")}
+    assert _scores(tmp_path / "out2" / "grades.csv") == alone
+
+
+def test_a_course_that_is_not_there_says_what_was_expected(tmp_path):
+    from autograder.course import Course
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Course.find(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="one folder of notebooks per assignment"):
+        Course.find(tmp_path / "empty")
+    course = tiny_course.build(tmp_path / "tiny")
+    with pytest.raises(FileNotFoundError, match=r"no assignment 'hw3'.*it has hw1, hw2"):
+        Course.find(course, ["hw3"])
+    found = Course.find(course)
+    assert (found.course_id, found.assignments, found.source) == (tiny_course.COURSE_ID, ("hw1", "hw2"),
+                                                                    course / "source")
+
+
+# ----------------------------------------------------------------------------- a real Dask cluster
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1, each worker one thread
+    with one sandbox slot: (the scheduler's address, {worker name: its process}). Stopped afterwards."""
+    pytest.importorskip("distributed", reason="dask distributed is not installed")
+    dask = str(Path(sys.executable).parent / "dask")
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    logs = tmp_path / "dask-logs"
+    logs.mkdir()
+    info = tmp_path / "scheduler.json"
+    procs = {}
+
+    def start(name, *args):
+        with open(logs / f"{name}.log", "wb") as log:
+            procs[name] = subprocess.Popen([dask, *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+
+    try:
+        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+              "--scheduler-file", str(info))
+        deadline = time.monotonic() + 60
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(info.read_text())["address"]
+        for name in ("w1", "w2"):
+            start(name, "worker", address, "--name", name, "--nthreads", "1", "--resources", "sandbox=1",
+                  "--no-dashboard", "--local-directory", str(tmp_path / name))
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=90)
+        yield address, procs
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@needs_bwrap
+def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(graded_sample_class, dask_cluster,
+                                                                              postgres_url, tmp_path):
+    """Every grade, status and reason of the sample class: a local pool into sqlite, or two Dask workers
+    on a real scheduler into a real PostgreSQL server (one writer), give the same rows."""
+    import sqlalchemy as sa
+
+    address, _ = dask_cluster
+    engine = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as db:
+        db.execute(sa.text("create database dask_run"))
+    engine.dispose()
+    url = postgres_url.replace("/gradebook?", "/dask_run?")
+    local_out, _, _ = graded_sample_class
+    out = tmp_path / "out"
+    grade(ROOT / "autograder" / "sample_class" / "submissions", out, db=url, scheduler=address, **FAST)
+    assert _rows(out / "grades.csv") == _rows(local_out / "grades.csv")
+    # nbgrader's own export of the gradebook agrees too, and the feedback pages are there
+    by_student = lambda path: sorted(_rows(path), key=lambda r: r["student_id"])  # noqa: E731
+    assert by_student(out / "nbgrader_grades.csv") == by_student(local_out / "nbgrader_grades.csv")
+    local_pages = sorted(p.relative_to(local_out) for p in (local_out / "feedback").rglob("*.html"))
+    assert sorted(p.relative_to(out) for p in (out / "feedback").rglob("*.html")) == local_pages
+
+
+@needs_bwrap
+def test_a_worker_killed_mid_grading_loses_nothing(dask_cluster, tmp_path):
+    from distributed import Client
+
+    address, procs = dask_cluster
+    course = tiny_course.build(tmp_path / "tiny")
+    expected = _tiny_class(course, tmp_path / "subs")
+    for n in range(4):  # more students, so that both workers are busy for a while
+        for student, assignment, notebook in [k for k in expected if k[0] == "good"]:
+            shutil.copytree(tmp_path / "subs" / student / assignment, tmp_path / "subs" / f"more{n}" / assignment,
+                            dirs_exist_ok=True)
+            expected[f"more{n}", assignment, notebook] = expected[student, assignment, notebook]
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--course", str(course),
+           "--output", str(out), "--scheduler", address, "--no-progress", "--cell-timeout", "10", "--timeout", "30"]
+    grading = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with Client(address, timeout="30s") as client:
+        victim = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w1")
+        deadline = time.monotonic() + 120
+        while not client.processing().get(victim) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        busy_with = client.processing().get(victim)
+        assert busy_with, "worker w1 never got a task"
+        time.sleep(1.0)  # well into grading it: the kernel is running
+        os.killpg(procs["w1"].pid, signal.SIGKILL)
+        procs["w1"].wait()
+    printed, _ = grading.communicate(timeout=300)
+    assert grading.returncode == 0, printed
+    assert _scores(out / "grades.csv") == expected, printed
+    assert all(r["status"] != "error" for r in _rows(out / "grades.csv"))
+
+
+# ----------------------------------------------------------------------------- the instructor's cycle, end to end
+
+def _student(home: Path, exchange: Path):
+    """A student's own home and environment, configured for the course's exchange as a hub would (the
+    tests run as one OS user, so the student id is configured rather than taken from the account)."""
+    home.mkdir(parents=True)
+    (home / "nbgrader_config.py").write_text("\n".join([
+        "c = get_config()  # noqa: F821", f"c.Exchange.root = {str(exchange)!r}",
+        f"c.CourseDirectory.course_id = {tiny_course.COURSE_ID!r}", f"c.CourseDirectory.student_id = {home.name!r}"]))
+    return {**os.environ, "HOME": str(home)}
+
+
+def _visible_text(html: Path) -> str:
+    return re.sub(r"<[^>]+>", "", html.read_text())
+
+
+@needs_bwrap
+def test_release_fetch_submit_collect_grade_feedback_export(tmp_path):
+    """The whole cycle through nbgrader's exchange, with two students in their own homes: release, fetch,
+    submit, collect, autograde (this autograder), a written answer graded by hand, feedback regenerated
+    and released, fetched by the students, final grades exported."""
+    from nbgrader.api import Gradebook
+
+    from autograder.__main__ import main
+
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    exchange.chmod(0o777)
+    course = tiny_course.build(tmp_path / "instructor" / "tiny", exchange)
+    for assignment in ("hw1", "hw2"):
+        tiny_course.nbgrader(course, "release_assignment", assignment, "--force")
+    alice, bob = (_student(tmp_path / "homes" / name, exchange) for name in ("alice", "bob"))
+    work = {"alice": (alice, ("hw1", "hw2"), tiny_course.ANSWERS, "range(0) has nothing in it."),
+            "bob": (bob, ("hw1",), {"squares": "def squares(n):\n    return [i * 2 for i in range(n)]"}, None)}
+    for env, assignments, answers, written in work.values():
+        home = Path(env["HOME"])
+        for assignment in assignments:
+            tiny_course.nbgrader(home, "fetch_assignment", assignment, env=env)
+            for path in (home / assignment).glob("*.ipynb"):
+                nbformat.write(tiny_course.answer(path, answers, written), path)
+            tiny_course.nbgrader(home, "submit", assignment, env=env)
+
+    assert main(["collect", "--course", str(course)]) == 0
+    assert sorted(p.name for p in (course / "submitted").iterdir()) == ["alice", "bob"]
+    out = tmp_path / "out"
+    assert main(["grade", str(course / "submitted"), "--course", str(course), "--output", str(out), "--no-progress",
+                 "--cell-timeout", "10", "--timeout", "30"]) == 0
+    assert _scores(out / "grades.csv") == {
+        ("alice", "hw1", "squares"): (2.0, "graded"), ("alice", "hw2", "words"): (3.0, "graded"),
+        ("bob", "hw1", "squares"): (0.0, "graded"), ("bob", "hw2", "words"): (0.0, "missing")}
+
+    # the written answer, graded by hand as formgrader does it: through nbgrader's gradebook
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}", tiny_course.COURSE_ID) as gb:
+        gb.find_grade("why_empty", "squares", "hw1", "alice").manual_score = 1.0
+        gb.db.commit()
+
+    assert main(["feedback", "--output", str(out), "--release"]) == 0
+    for env, assignments, _, _ in work.values():
+        home = Path(env["HOME"])
+        for assignment in assignments:
+            tiny_course.nbgrader(home, "fetch_feedback", assignment, env=env)
+    [page] = (Path(alice["HOME"]) / "hw1" / "feedback").glob("*/squares.html")
+    seen = _visible_text(page)
+    assert "range(0) has nothing in it." in seen, "alice's own written answer"
+    assert re.search(r"Score:\s*3(\.0)?\s*/\s*3", seen), "2 autograded points and 1 given by hand"
+    assert "squares(6)" not in seen and "range(0) is empty" not in seen, "no hidden test, no mark scheme"
+    [bobs] = (Path(bob["HOME"]) / "hw1" / "feedback").glob("*/squares.html")
+    assert re.search(r"Score:\s*0(\.0)?\s*/\s*3", _visible_text(bobs))
+    assert not (Path(bob["HOME"]) / "hw2").exists()
+
+    assert main(["export", "--output", str(out)]) == 0
+    with open(out / "lms_grades.csv", newline="") as f:
+        header, possible, *rows = list(csv.reader(f))
+    table = {row[2]: dict(zip(header, row, strict=True)) for row in rows}
+    assert header[5:] == ["hw1/squares autograded", "hw1/squares by hand", "hw1 total",
+                          "hw2/words autograded", "hw2/words by hand", "hw2 total"]
+    assert possible[5:] == ["2", "1", "3", "3", "0", "3"]
+    assert [table["alice"][h] for h in header[5:]] == ["2", "1", "3", "3", "0", "3"]
+    assert [table["bob"][h] for h in header[5:]] == ["0", "0", "0", "0", "0", "0"]
+
+
+# ----------------------------------------------------------------------------- the package, installed
+
+@needs_bwrap
+def test_the_installed_package_grades_a_course_outside_any_checkout(tmp_path):
+    """Built as a wheel and installed into an environment of its own (its dependencies taken from this
+    one's site-packages), run from a folder that is no checkout: it grades a course given by path."""
+    import sysconfig
+
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                          "-w", str(tmp_path / "wheel"), str(ROOT)], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    [wheel] = (tmp_path / "wheel").glob("alibi_course-*.whl")
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = env / Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
+    (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True)
+    python = str(env / "bin" / "python")
+    # the dependencies' programs (alembic) and data files (nbconvert's templates) are in this environment
+    shell = {**os.environ, "PATH": f"{env / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+                                   f"{os.environ.get('PATH', '')}", "JUPYTER_PATH": f"{sys.prefix}/share/jupyter"}
+    probe = "import autograder, alibi_ref; print(autograder.__file__, alibi_ref.__file__)"
+    where = subprocess.run([python, "-c", probe], cwd=tmp_path, env=shell, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert all(Path(p).is_relative_to(site) for p in where), where
+
+    course = tiny_course.build(tmp_path / "tiny")
+    _hand_in(tmp_path / "subs" / "good" / "hw2", course, "hw2", "words", tiny_course.ANSWERS)
+    cmd = [python, "-m", "autograder", "grade", str(tmp_path / "subs"), "--output", str(tmp_path / "out"),
+           "--no-progress", "--cell-timeout", "10", "--timeout", "30"]
+    no_course = subprocess.run(cmd, cwd=tmp_path, env=shell, capture_output=True, text=True, check=False)
+    assert no_course.returncode == 2 and "pass --course" in no_course.stderr, no_course.stderr
+    graded = subprocess.run([*cmd, "--course", str(course), "--assignment", "hw2"], cwd=tmp_path, env=shell,
+                            capture_output=True, text=True, check=False)
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    assert _scores(tmp_path / "out" / "grades.csv") == {("good", "hw2", "words"): (3.0, "graded")}
