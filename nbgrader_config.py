@@ -18,3 +18,8 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # a local exchange for `make lab`: the instructor's release_assignment puts the course here, and the
 # students' Assignment List (configured in course/nbgrader_config.py) finds it
 c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".exchange")
+
+# the autograder forks each notebook's kernel from a zygote in the student's sandbox that has already
+# imported these (autograder/zygote.py): paid once per student instead of once per notebook
+c.SandboxedExecute.preload = ["numpy", "torch", "matplotlib.pyplot", "matplotlib_inline.backend_inline", "ipywidgets",
+                              "alibi_ref.course"]

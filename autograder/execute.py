@@ -22,7 +22,7 @@ from pathlib import Path
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer
+from traitlets import Bool, Integer, List, Unicode
 
 from .sandbox import SandboxedKernelManager, SandboxPolicy
 from .screen import screen_notebook
@@ -37,16 +37,21 @@ class SandboxedExecute(Execute):
     notebook_timeout = Integer(120, help="Seconds for the whole notebook, all cells together").tag(config=True)
     memory_limit = Integer(3 * 2**30, help="Bytes of address space for the kernel").tag(config=True)
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
+    fork_kernels = Bool(True, help="Fork each notebook's kernel from a zygote in the student's sandbox, which "
+                                   "imports `preload` once per student (zygote.py)").tag(config=True)
+    preload = List(Unicode(), help="Modules the zygote imports before forking kernels: the course's heavy imports "
+                                   "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
 
     def create_kernel_manager(self):
-        self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch)
+        self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch, zygote=self._zygote)
         return self.km
 
     def preprocess(self, nb, resources, km=None):
         findings = screen_notebook(nb)
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
                                      use_bwrap=self.use_bwrap)
-        self._scratch = Path(tempfile.mkdtemp(prefix="alibi-kernel-"))
+        self._zygote = self._student_zygote(resources)
+        self._scratch = self._zygote.scratch() if self._zygote else Path(tempfile.mkdtemp(prefix="alibi-kernel-"))
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
         folder = Path(resources.get("metadata", {}).get("path") or ".")
         for data in folder.iterdir() if folder.is_dir() else ():
@@ -71,6 +76,19 @@ class SandboxedExecute(Execute):
         self.resources["autograder_outcome"] = {"status": status, "reason": reason,
                                                 "seconds": round(time.monotonic() - start, 2)}
         return self.nb, self.resources
+
+    def _student_zygote(self, resources):
+        """The zygote of this student's job, or None: then the notebook gets a sandbox and kernel of its own."""
+        if not self.fork_kernels:
+            return None
+        from .zygote import ZygoteError, zygote_for
+
+        ids = resources.get("nbgrader", {})
+        try:
+            return zygote_for((ids.get("student"), ids.get("assignment")), self._policy, list(self.preload))
+        except ZygoteError as err:
+            self.log.warning("%s; this notebook gets a kernel of its own", err)
+            return None
 
     def _run_cells(self, resources, deadline):
         per_cell = self.timeout

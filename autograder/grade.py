@@ -176,14 +176,19 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
     from sqlalchemy.exc import SAWarning
 
     warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's own session bookkeeping
+    from .zygote import close_zygotes
+
     failed = {}
     started = time.perf_counter()
-    result = _api(s, replay_dir=replay_dir).autograde(assignment, student, force=True, create=True)
-    if not result["success"]:
-        for name in notebooks:
-            one = _api(s, name, replay_dir).autograde(assignment, student, force=True, create=True)
-            if not one["success"]:
-                failed[name] = _last_words(one)
+    try:
+        result = _api(s, replay_dir=replay_dir).autograde(assignment, student, force=True, create=True)
+        if not result["success"]:
+            for name in notebooks:
+                one = _api(s, name, replay_dir).autograde(assignment, student, force=True, create=True)
+                if not one["success"]:
+                    failed[name] = _last_words(one)
+    finally:
+        close_zygotes()  # the student's sandbox ends with their job
     graded = time.perf_counter()
     if feedback:
         made = _api(s).generate_feedback(assignment, student, force=True)

@@ -100,9 +100,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     policy = Instance(SandboxPolicy)
     scratch = Instance(Path)
+    zygote = Instance("autograder.zygote.Zygote", allow_none=True)
 
-    def __init__(self, *, policy: SandboxPolicy, scratch: Path, **kwargs):
-        super().__init__(policy=policy, scratch=scratch, kernel_name="python3", transport="ipc",
+    def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, **kwargs):
+        super().__init__(policy=policy, scratch=scratch, zygote=zygote, kernel_name="python3", transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
                          autorestart=False, **kwargs)
 
@@ -121,6 +122,14 @@ class SandboxedKernelManager(AsyncKernelManager):
         return sandbox_prefix(self.policy, self.scratch) + super().format_kernel_cmd(extra_arguments)
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
+        if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
+            from .zygote import ZygoteProcess
+
+            pid = self.zygote.spawn(Path(self.connection_file), self.scratch)
+            self.provisioner.process = ZygoteProcess(self.zygote, pid)
+            self.provisioner.pid, self.provisioner.pgid = pid, None
+            self._reconcile_connection_info(self.provisioner.connection_info)
+            return
         kw["cwd"] = str(self.scratch)
         kw["env"] = kernel_env(self.scratch)
         # the kernel's own chatter goes to a log, read back if it dies

@@ -2,6 +2,7 @@
 
 import ast
 import asyncio
+import contextlib
 import csv
 import os
 import shutil
@@ -20,6 +21,7 @@ from autograder.collect import collect
 from autograder.grade import grade
 from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem
 from autograder.screen import screen_notebook
+from autograder.zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "autograder" / "sample_class"
@@ -156,13 +158,23 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
 
 # ----------------------------------------------------------------------------- the sandbox itself
 
-async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path) -> str:
-    km = SandboxedKernelManager(policy=policy, scratch=scratch)
+@contextlib.asynccontextmanager
+async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None):
+    """(kernel manager, client) of a kernel started as the grader starts one, ready; shut down after."""
+    km = SandboxedKernelManager(policy=policy, scratch=scratch, zygote=zygote)
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
     try:
         await kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+
+async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path, zygote=None) -> str:
+    async with _sandboxed_kernel(policy, scratch, zygote) as (_, kc):
         msg_id = kc.execute(code)
         printed = []
         while True:
@@ -175,13 +187,11 @@ async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path) -> st
                 printed.append(f"ERROR {msg['content']['ename']}: {msg['content']['evalue']}")
             elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 return "".join(printed)
-    finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
 
 
 @needs_bwrap
-def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path):
+@pytest.mark.parametrize("forked", [False, True], ids=["own-sandbox", "forked-from-zygote"])
+def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path, forked):
     secret_dir = tmp_path / "course"
     secret_dir.mkdir()
     (secret_dir / "hidden_tests.txt").write_text("the answer is 42")
@@ -191,8 +201,10 @@ def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
+    policy = SandboxPolicy(memory_bytes=2 * 2**30)
+    zygote = Zygote(policy, ["numpy"]) if forked else None
+    scratch = zygote.scratch() if forked else tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
     code = f"""
 import os, socket, subprocess
 def attempt(name, fn):
@@ -215,8 +227,11 @@ print("scratch written")
 subprocess.Popen(["sleep", "1234"], start_new_session=True)
 print("spawned")
 """
-    policy = SandboxPolicy(memory_bytes=2 * 2**30)
-    printed = asyncio.run(_run_in_sandbox(code, policy, scratch))
+    try:
+        printed = asyncio.run(_run_in_sandbox(code, policy, scratch, zygote))
+    finally:
+        if zygote is not None:  # the student's last notebook is done: the sandbox ends, and what it started
+            zygote.close()
     listener.close()
     for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
@@ -232,6 +247,48 @@ print("spawned")
     time.sleep(0.5)
     leftovers = subprocess.run(["pgrep", "-f", "sleep 1234"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "a process started by the kernel outlived it"
+
+
+async def _dies_after(code: str, policy: SandboxPolicy, scratch: Path, zygote) -> bool:
+    """Run ``code``; whether the kernel is dead within 20 s (as the grader's kernel manager sees it)."""
+    async with _sandboxed_kernel(policy, scratch, zygote) as (km, kc):
+        kc.execute(code)
+        deadline = time.monotonic() + 20
+        while await km.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return not await km.is_alive()
+
+
+@needs_bwrap
+def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_path):
+    """Each notebook's kernel is a fresh fork: what one notebook changes (a module, builtins, files in its
+    folder) the next does not see; a notebook that kills the zygote crashes itself only, and the next
+    notebook gets a new zygote."""
+    from autograder.zygote import close_zygotes, zygote_for
+
+    policy = SandboxPolicy(memory_bytes=2 * 2**30)
+    key = ("student", "hw")
+    try:
+        first = zygote_for(key, policy, ["numpy"])
+        scratch = first.scratch()
+        printed = asyncio.run(_run_in_sandbox(
+            "import numpy, builtins, os\nnumpy.leak = 1\nbuiltins.leak = 2\nopen('mine.txt', 'w').write('x')\n"
+            "print('pid', os.getpid(), 'numpy' in __import__('sys').modules)", policy, scratch, first))
+        assert "True" in printed, "numpy came preloaded"
+        printed = asyncio.run(_run_in_sandbox(
+            "import numpy, builtins, os\nprint(hasattr(numpy, 'leak'), hasattr(builtins, 'leak'), "
+            "os.path.exists('mine.txt'))", policy, first.scratch(), first))
+        assert printed.split() == ["False", "False", "False"], printed
+        assert zygote_for(key, policy, ["numpy"]) is first, "one zygote per student's job"
+        assert asyncio.run(_dies_after("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", policy,
+                                       first.scratch(), first)), "the kernel died with its zygote"
+        assert not first.alive
+        second = zygote_for(key, policy, ["numpy"])
+        assert second is not first and second.alive
+        assert "3" in asyncio.run(_run_in_sandbox("print(1 + 2)", policy, second.scratch(), second))
+    finally:
+        close_zygotes()
+    assert not first.root.exists() and not second.root.exists(), "the students' scratch folders are removed"
 
 
 # ----------------------------------------------------------------------------- static screening

@@ -1,0 +1,94 @@
+"""The kernel zygote, run inside a student's sandbox as ``python -c <this file> SOCKET [MODULE ...]``.
+
+It imports the kernel (ipykernel, IPython) and the heavy modules the course's notebooks use once,
+then serves requests on a unix socket, one JSON line each way:
+
+    {"op": "spawn", "connection_file": F, "cwd": D, "log": L, "env": {...}} -> {"pid": P}
+    {"op": "poll", "pid": P}                                              -> {"exit": None | code}
+    {"op": "signal", "pid": P, "signal": S}                               -> {"ok": True}
+
+A spawned kernel is a fork: a fresh process whose memory starts as the zygote's right after the
+imports, as if it had imported them itself, in its own session (so a signal to it and its process
+group never reaches the zygote). Forking is safe here because the zygote has one thread (the
+sandbox sets OMP_NUM_THREADS=1, and none of the preloaded modules starts a thread on import).
+This file imports nothing of the autograder: the sandbox does not show it the grader's code.
+"""
+
+import importlib
+import json
+import os
+import socket
+import sys
+
+
+def _serve(path: str, preload: list[str]) -> None:
+    import ipykernel.kernelapp  # noqa: F401  (the kernel itself: what every notebook needs)
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # a module the course lacks: its notebooks import it themselves, or fail there
+            print(f"zygote: could not preload {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    exits: dict[int, int] = {}
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path + ".tmp")
+    server.listen(8)
+    os.rename(path + ".tmp", path)  # the socket appears under its name only once the imports are done
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            request = json.loads(conn.makefile("r").readline())
+            if request["op"] == "spawn":
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    conn.close()
+                    _become_kernel(request)
+                reply = {"pid": pid}
+            elif request["op"] == "poll":
+                reply = {"exit": _poll(request["pid"], exits)}
+            elif request["op"] == "signal":
+                try:
+                    os.killpg(request["pid"], request["signal"])
+                except ProcessLookupError:
+                    pass
+                reply = {"ok": True}
+            else:
+                reply = {"error": f"unknown op {request['op']!r}"}
+            conn.sendall((json.dumps(reply) + "\n").encode())
+
+
+def _poll(pid: int, exits: dict[int, int]):
+    if pid in exits:
+        return exits[pid]
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return exits.setdefault(pid, -1)
+    if done == 0:
+        return None
+    exits[pid] = os.waitstatus_to_exitcode(status)
+    return exits[pid]
+
+
+def _become_kernel(request: dict) -> None:
+    try:
+        os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.update(request.get("env", {}))
+        # as a kernel started on its own: its chatter on stdout dropped, stderr kept for when it dies
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.dup2(log, 2)
+        from ipykernel import kernelapp
+
+        # parent_handle=0: the kernel's parent is the zygote, which ipykernel would otherwise watch
+        sys.argv = [sys.executable, "-f", request["connection_file"], "--IPKernelApp.parent_handle=0"]
+        kernelapp.launch_new_instance()
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], sys.argv[2:])
