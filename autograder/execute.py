@@ -33,6 +33,10 @@ class NotebookTimeout(Exception):
     pass
 
 
+class KernelExited(Exception):
+    pass
+
+
 class SandboxedExecute(Execute):
     notebook_timeout = Integer(120, help="Seconds for the whole notebook, all cells together").tag(config=True)
     memory_limit = Integer(3 * 2**30, help="Bytes of address space for the kernel").tag(config=True)
@@ -93,6 +97,8 @@ class SandboxedExecute(Execute):
     def _run_cells(self, resources, deadline):
         per_cell = self.timeout
         index = 0
+        self._exit_asked = False
+        self.on_cell_executed = self._watch_for_exit
         try:
             with self.setup_kernel():
                 self.wait_for_reply(self.kc.kernel_info())
@@ -102,8 +108,13 @@ class SandboxedExecute(Execute):
                         raise NotebookTimeout
                     self.timeout = max(1, min(per_cell, int(remaining)))
                     self.preprocess_cell(cell, resources, index)
+                    if self._exit_asked:
+                        raise KernelExited
         except NotebookTimeout:
             return "timeout", f"the notebook ran past its {self.notebook_timeout} s limit (at cell {index})", index
+        except KernelExited:
+            return ("crashed", f"the code in cell {index} ended the kernel (exit() or quit()); the cells after it "
+                    "were not run", index + 1)
         except (DeadKernelError, CellTimeoutError, RuntimeError) as err:
             limit = self.memory_limit / 2**30
             log = (self._scratch / "kernel.log").read_text(errors="replace").strip().splitlines()
@@ -113,6 +124,13 @@ class SandboxedExecute(Execute):
         finally:
             self.timeout = per_cell
         return "graded", "", None
+
+    def _watch_for_exit(self, cell, cell_index, execute_reply) -> None:
+        """A cell that called exit() says so in its reply; the kernel then stops 0.1 s later, which would
+        make the cell where grading notices it a race: grading stops right after this cell instead."""
+        payloads = (execute_reply or {}).get("content", {}).get("payload", [])
+        if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payloads):
+            self._exit_asked = True
 
     @staticmethod
     def _timed_out(cell) -> bool:

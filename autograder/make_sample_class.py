@@ -80,7 +80,7 @@ def students() -> dict[str, dict[str, object]]:
                     ("i = np.arange(q_len)[:, None] + (k_len - q_len)", "i = np.arange(q_len)[:, None]")]}),
                 "04_causal": filled("04_causal", {"decode_step": [
                     ("- slope * (t - np.arange(t + 1))", "- slope * np.arange(t + 1)")]})}
-    # ends its kernel half-way: the softmax before it keeps its point
+    # ends its kernel half-way (exit() in alibi_head): the cells up to the first call keep their points
     s["hal"] = {"02_worked_example": filled("02_worked_example", {"alibi_head": [
         ("    N, d_k = Qh.shape\n", "    N, d_k = Qh.shape\n    exit()\n")]})}
     # an infinite loop: interrupted at the cell limit
