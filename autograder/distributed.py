@@ -9,12 +9,14 @@ The task carries everything it needs: the course as generated here (source, rele
 gradebook holding only the assignments' structure, packed once, a few hundred kB) and
 the student's cleaned notebooks. On the worker it is today's job unchanged: nbgrader's autograde
 with the sandboxed Execute step and the verdicts, into a private sqlite gradebook in a temporary
-folder. It returns the executed, judged notebooks and their outcome files, nothing else.
+folder. It returns the executed, judged notebooks, their outcome files and nbgrader's feedback pages
+(made from the same grades, and the instructor's due dates, which the bundle carries).
 
 nbgrader's gradebook is not safe for several writers (its get-or-create calls race), so only
 this process writes it: for each result it runs nbgrader's own autograde once more, with the
 execution replaced by the worker's outputs (``ReplayExecute``), so ``SaveAutoGrades`` and the
-rest of nbgrader's pipeline record the grades as they would locally, and then the feedback.
+rest of nbgrader's pipeline record the grades as they would locally; the feedback pages it only
+writes where nbgrader keeps them.
 
 A worker that dies mid-task loses nothing: the task holds no state outside its temporary folder,
 Dask's scheduler gives it to another worker, and the student's row comes from the run that
@@ -58,10 +60,23 @@ def _course_bundle(s) -> bytes:
             result = _api(ws).generate_assignment(assignment, force=True)
             if not result["success"]:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}")
+        _copy_due_dates(s, ws)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(work, arcname=".")
         return buffer.getvalue()
+
+
+def _copy_due_dates(s, ws) -> None:
+    """The instructor's due dates (``nbgrader db assignment add --duedate``) into the workers' gradebook,
+    so that the late penalties in the feedback the workers make are the gradebook's."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(s.db_url, s.course.course_id) as here, Gradebook(ws.db_url, s.course.course_id) as there:
+        for assignment in s.course.assignments:
+            due = here.find_assignment(assignment).duedate
+            if due is not None:
+                there.update_or_create_assignment(assignment, duedate=due)
 
 
 def _worker_settings(s, work: Path):
@@ -91,12 +106,15 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
             (submitted / f"{name}.ipynb").write_bytes(raw)
         for name, raw in files.items():  # the time it was handed in: late penalties as here
             (submitted / name).write_bytes(raw)
-        result = _grade_student(ws, student, assignment, sorted(notebooks), feedback=False)
+        result = _grade_student(ws, student, assignment, sorted(notebooks))
         graded = work / "course" / "autograded" / student / assignment
+        feedback = work / "course" / "feedback" / student / assignment
         state = work / "state" / student / assignment
         return {
             "failed": result["failed"],
             "executed": {p.stem: p.read_bytes() for p in graded.glob("*.ipynb")},
+            # the pages, and the timestamp and secret nbgrader's release_feedback reads beside them
+            "feedback": {p.name: p.read_bytes() for p in feedback.glob("*") if p.is_file()},
             "outcomes": {p.stem: p.read_text() for p in state.glob("*.json") if not p.name.startswith(".")},
             "timing": (state / ".timing.json").read_text() if (state / ".timing.json").exists() else "{}",
         }
@@ -137,8 +155,15 @@ def _record(s, sub: Submission, result: dict) -> dict[str, str]:
         (_state_dir(s, sub) / f"{name}.json").write_text(text)
     (_state_dir(s, sub) / ".timing.json").write_text(result.get("timing", "{}"))
     names = sorted(set(sub.notebooks) - set(result["failed"]))
-    recorded = _grade_student(s, sub.student, sub.assignment, names, replay_dir=replays) if names else {"failed": {}}
+    recorded = (_grade_student(s, sub.student, sub.assignment, names, replay_dir=replays, feedback=False)
+                if names else {"failed": {}})
     shutil.rmtree(replay, ignore_errors=True)
+    # the workers made the feedback from the same grades: this process only writes the gradebook
+    feedback = s.output / "course" / "feedback" / sub.student / sub.assignment
+    shutil.rmtree(feedback, ignore_errors=True)
+    feedback.mkdir(parents=True)
+    for name, raw in result["feedback"].items():
+        (feedback / name).write_bytes(raw)
     return {**recorded["failed"], **result["failed"]}
 
 
