@@ -102,7 +102,7 @@ def main() -> None:
         print(f"{name:<64} {seconds:7.1f} s  {seconds / n:5.1f} s/submission")
         for phase, per in phases.items():
             if per:
-                print(f"    {phase:<60} {per:5.1f} s per submission (CPU-seconds of one worker)")
+                print(f"    {phase:<60} {per:5.1f} s per submission (of one process's time)")
     if not args.skip_plain:
         for name, seconds, _ in rows[1:]:
             print(f"throughput against plain nbgrader, {name.split(' (')[0]}: {rows[0][1] / seconds:.2f}x")
