@@ -176,7 +176,7 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
     from sqlalchemy.exc import SAWarning
 
     warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's own session bookkeeping
-    from .zygote import close_zygotes
+    from .zygote import close_zygote
 
     failed = {}
     started = time.perf_counter()
@@ -188,7 +188,7 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
                 if not one["success"]:
                     failed[name] = _last_words(one)
     finally:
-        close_zygotes()  # the student's sandbox ends with their job
+        close_zygote((student, assignment))  # the student's sandbox ends with their job
     graded = time.perf_counter()
     if feedback:
         made = _api(s).generate_feedback(assignment, student, force=True)

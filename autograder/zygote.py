@@ -146,8 +146,9 @@ def zygote_for(key: tuple, policy: SandboxPolicy, preload: list[str]) -> Zygote:
     return _ZYGOTES[key]
 
 
-def close_zygotes() -> None:
-    """End every student's sandbox started in this process (at the end of each job)."""
-    while _ZYGOTES:
-        _, zygote = _ZYGOTES.popitem()
+def close_zygote(key: tuple) -> None:
+    """End this student's sandbox, at the end of their job (other jobs' zygotes, in other threads of a
+    Dask worker, stay)."""
+    zygote = _ZYGOTES.pop(key, None)
+    if zygote is not None:
         zygote.close()

@@ -264,7 +264,7 @@ def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_pa
     """Each notebook's kernel is a fresh fork: what one notebook changes (a module, builtins, files in its
     folder) the next does not see; a notebook that kills the zygote crashes itself only, and the next
     notebook gets a new zygote."""
-    from autograder.zygote import close_zygotes, zygote_for
+    from autograder.zygote import close_zygote, zygote_for
 
     policy = SandboxPolicy(memory_bytes=2 * 2**30)
     key = ("student", "hw")
@@ -287,7 +287,8 @@ def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_pa
         assert second is not first and second.alive
         assert "3" in asyncio.run(_run_in_sandbox("print(1 + 2)", policy, second.scratch(), second))
     finally:
-        close_zygotes()
+        close_zygote(key)
+        first.close()
     assert not first.root.exists() and not second.root.exists(), "the students' scratch folders are removed"
 
 
