@@ -77,6 +77,12 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path):
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}", tiny_course.COURSE_ID) as gb:
         assert sorted(a.name for a in gb.assignments) == ["hw1", "hw2"]
         assert gb.find_submission_notebook("words", "hw2", "good").code_score == 3
+    # resuming: a second run grades no one again and writes the same table
+    done = {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")}
+    assert len(done) == 5, "every handed-in assignment graded"
+    grade(tmp_path / "subs", out, course=course, **FAST)
+    assert {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")} == done
+    assert _scores(out / "grades.csv") == expected
     # one assignment alone, chosen by name: then notebooks outside a folder named for it count too
     only = grade(tmp_path / "subs", tmp_path / "out2", course=course, assignments=["hw2"], **FAST)
     assert {r["assignment"] for r in only.rows} == {"hw2"}
@@ -210,6 +216,12 @@ def test_a_worker_killed_mid_grading_loses_nothing(dask_cluster, tmp_path):
     assert grading.returncode == 0, printed
     assert _scores(out / "grades.csv") == expected, printed
     assert all(r["status"] != "error" for r in _rows(out / "grades.csv"))
+    # re-running on the cluster is idempotent: nothing is graded again
+    before = {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")}
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")} == before
+    assert _scores(out / "grades.csv") == expected
 
 
 # ----------------------------------------------------------------------------- the instructor's cycle, end to end
