@@ -104,11 +104,13 @@ def _feedback(parser, args) -> int:
 
 
 def _graded_course_id(output: Path) -> str | None:
-    """The course a grading run in ``output`` graded, if it was one."""
-    import json
+    """The course a grading run in ``output`` graded, if it was one (a copied gradebook alone has no run)."""
+    from .grade import load_settings
 
-    info = output / "state" / "course.json"
-    return json.loads(info.read_text())["course_id"] if info.exists() else None
+    try:
+        return load_settings(output).course.course_id
+    except FileNotFoundError:
+        return None
 
 
 def _export(parser, args) -> int:

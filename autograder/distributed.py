@@ -151,9 +151,10 @@ def _record(s, sub: Submission, result: dict) -> dict[str, str]:
     replay.mkdir(parents=True)
     for name, raw in result["executed"].items():
         (replay / f"{name}.ipynb").write_bytes(raw)
+    state = _state_dir(s, sub.student, sub.assignment)
     for name, text in result["outcomes"].items():
-        (_state_dir(s, sub) / f"{name}.json").write_text(text)
-    (_state_dir(s, sub) / ".timing.json").write_text(result.get("timing", "{}"))
+        (state / f"{name}.json").write_text(text)
+    (state / ".timing.json").write_text(result.get("timing", "{}"))
     names = sorted(set(sub.notebooks) - set(result["failed"]))
     recorded = (_grade_student(s, sub.student, sub.assignment, names, replay_dir=replays, feedback=False)
                 if names else {"failed": {}})

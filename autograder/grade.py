@@ -196,7 +196,7 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
             failed["*"] = _last_words(made)
     # where the time went (benchmarks/grading.py reads it): nbgrader's autograde, kernels included, and feedback
     timing = {"autograde": graded - started, "feedback": time.perf_counter() - graded}
-    state = s.output / "state" / student / assignment
+    state = _state_dir(s, student, assignment)
     state.mkdir(parents=True, exist_ok=True)
     (state / (".replay_timing.json" if replay_dir else ".timing.json")).write_text(json.dumps(timing))
     return {"student": student, "assignment": assignment, "failed": failed}
@@ -211,7 +211,7 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
     target = s.output / "course" / "submitted" / submission.student / submission.assignment
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    state = _state_dir(s, submission)
+    state = _state_dir(s, submission.student, submission.assignment)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     for name, raw in submission.files.items():
@@ -225,8 +225,9 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
             (state / f"{name}.json").write_text(json.dumps({"status": status, "reason": reason, "seconds": 0}))
 
 
-def _state_dir(s: Settings, submission: Submission) -> Path:
-    return s.output / "state" / submission.student / submission.assignment
+def _state_dir(s: Settings, student: str, assignment: str) -> Path:
+    """Where one student's assignment keeps its outcomes (RecordOutcome writes the same layout)."""
+    return s.output / "state" / student / assignment
 
 
 def grade(submissions, output="grading", *, course=None, assignments=None, workers: int | None = None,
@@ -259,7 +260,7 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
         class_ += collect(submissions, notebooks, assignment, own_folder_only=len(releases) > 1)
     todo = []
     for submission in class_:
-        done = _state_dir(s, submission) / "done.sha256"
+        done = _state_dir(s, submission.student, submission.assignment) / "done.sha256"
         if done.exists() and done.read_text() == submission.digest + s.db_url:
             continue  # graded already, and nothing changed since
         _stage(s, submission, releases[submission.assignment])
@@ -281,7 +282,7 @@ def record_done(s: Settings, sub: Submission, failed: dict[str, str], failures: 
     if failed:
         failures[sub.student, sub.assignment] = failed
     else:
-        (_state_dir(s, sub) / "done.sha256").write_text(sub.digest + s.db_url)
+        (_state_dir(s, sub.student, sub.assignment) / "done.sha256").write_text(sub.digest + s.db_url)
 
 
 def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[tuple[str, str], dict[str, str]]:

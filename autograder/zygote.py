@@ -77,8 +77,8 @@ class Zygote:
         return json.loads(reply)
 
     def spawn(self, connection_file: Path, scratch: Path) -> int:
-        env = {"HOME": str(scratch), "MPLCONFIGDIR": str(scratch / ".matplotlib"),
-               "IPYTHONDIR": str(scratch / ".ipython")}
+        # a kernel of its own would get kernel_env(scratch); what of it is per notebook, this one gets too
+        env = {name: kernel_env(scratch)[name] for name in ("HOME", "MPLCONFIGDIR", "IPYTHONDIR")}
         return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                             log=str(scratch / "kernel.log"), env=env)["pid"]
 
