@@ -48,7 +48,7 @@ WORK_DB = "course/gradebook.db"
 def _course_bundle(s) -> bytes:
     """The course as a worker needs it (tar): source, release, a gradebook of the assignments alone,
     the course's configuration. Built with nbgrader's generate_assignment, as here."""
-    from .grade import Settings, _api
+    from .grade import Settings, _api, compile_cache_dir, expected_dir
 
     with tempfile.TemporaryDirectory(prefix="autograder-bundle-") as tmp:
         work = Path(tmp)
@@ -61,6 +61,9 @@ def _course_bundle(s) -> bytes:
             if not result["success"]:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}")
         _copy_due_dates(s, ws)
+        for computed in (expected_dir, compile_cache_dir):  # the reference's values and JAX's cache, made here once
+            if computed(s).exists():
+                shutil.copytree(computed(s), computed(ws))
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(work, arcname=".")

@@ -22,8 +22,9 @@ from pathlib import Path
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Enum, Integer, List, Unicode
 
+from .compile_cache import lend
 from .sandbox import SandboxedKernelManager, SandboxPolicy
 from .screen import screen_notebook
 from .verdicts import error_output as _error
@@ -43,6 +44,13 @@ class SandboxedExecute(Execute):
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
     fork_kernels = Bool(True, help="Fork each notebook's kernel from a zygote in the student's sandbox, which "
                                    "imports `preload` once per student (zygote.py)").tag(config=True)
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate",
+                           help="How a notebook's kernel ends once its cells ran: its outputs are all in, its "
+                                "folder is discarded, so it is killed (with what it started) rather than asked "
+                                "to stop and waited for").tag(config=True)
+    compile_cache_dir = Unicode("", help="Where ASSIGNMENT/ holds JAX's compilation cache filled from the "
+                                         "instructor's notebooks; each kernel gets a copy (compile_cache.py)"
+                                ).tag(config=True)
     preload = List(Unicode(), help="Modules the zygote imports before forking kernels: the course's heavy imports "
                                    "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
 
@@ -61,6 +69,8 @@ class SandboxedExecute(Execute):
         for data in folder.iterdir() if folder.is_dir() else ():
             if data.is_file() and data.suffix != ".ipynb":
                 shutil.copy(data, self._scratch / data.name)
+        if self.compile_cache_dir:
+            lend(Path(self.compile_cache_dir) / resources.get("nbgrader", {}).get("assignment", ""), self._scratch, nb)
         start = time.monotonic()
         status, reason, stopped_at = "graded", "", None
         NotebookClient.__init__(self, nb, None)

@@ -15,6 +15,7 @@ idempotent and an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import multiprocessing
 import os
@@ -77,6 +78,8 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
     c.SandboxedExecute.memory_limit = s.memory_bytes
     c.SandboxedExecute.use_bwrap = s.sandbox
     c.RecordOutcome.state_dir = str(s.output / "state")
+    c.JudgeChecks.expected_dir = str(expected_dir(s))
+    c.SandboxedExecute.compile_cache_dir = str(compile_cache_dir(s))
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
         "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
@@ -129,9 +132,9 @@ def load_settings(output: Path, db: str | None = None) -> Settings:
                     cell_timeout=60, memory_bytes=3 * 2**30, sandbox=True, course=course)
 
 
-def _tree_hash(folder: Path) -> str:
+def _tree_hash(folder: Path, pattern: str = "*") -> str:
     digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
+    for path in sorted(folder.rglob(pattern)):
         if path.is_file():
             digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
@@ -155,12 +158,67 @@ def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
                                    f"{result.get('error', '')}")
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(wanted)
+        _prepare_expected_values(s, assignment, source)
+        _prepare_compile_cache(s, assignment, source)
         release = s.output / "course" / "release" / assignment
         releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
     (s.output / "state" / "course.json").write_text(json.dumps({
         "course_id": s.course.course_id, "assignments": list(s.course.assignments),
         "source": str(s.course.source), "config_file": str(s.course.config_file or ""), "db_url": s.db_url}))
     return releases
+
+
+def expected_dir(s: Settings) -> Path:
+    return s.output / "state" / "expected"
+
+
+def _checks_module(s: Settings) -> str:
+    from .verdicts import JudgeChecks
+
+    return JudgeChecks(config=nbgrader_config(s)).checks_module
+
+
+def _prepare_expected_values(s: Settings, assignment: str, source: Path) -> None:
+    """The reference's values for the assignment's checks, computed here once (while the assignment's
+    source and the checks' code stay as they are) instead of by every judging process."""
+    from .verdicts import save_expected_values
+
+    module = _checks_module(s)
+    package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
+    wanted = _tree_hash(source) + _tree_hash(package, "*.py")
+    key = expected_dir(s) / f"{assignment}.key"
+    if key.exists() and key.read_text() == wanted:
+        return
+    key.unlink(missing_ok=True)
+    (expected_dir(s) / f"{assignment}.pickle").unlink(missing_ok=True)
+    if save_expected_values(module, source, expected_dir(s) / f"{assignment}.pickle"):
+        key.write_text(wanted)
+
+
+def compile_cache_dir(s: Settings) -> Path:
+    return s.output / "state" / "compile-cache"
+
+
+def _prepare_compile_cache(s: Settings, assignment: str, source: Path) -> None:
+    """JAX's compilation cache for the assignment, filled from its source notebooks (compile_cache.py)
+    once while the source and JAX stay as they are."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import compile_cache
+
+    try:
+        jax = version("jaxlib")
+    except PackageNotFoundError:
+        return
+    wanted = _tree_hash(source) + jax
+    key = compile_cache_dir(s) / f"{assignment}.key"
+    if key.exists() and key.read_text() == wanted:
+        return
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.unlink(missing_ok=True)
+    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
+    compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout)
+    key.write_text(wanted)
 
 
 def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,

@@ -19,11 +19,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from queue import Empty
 
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
@@ -91,6 +94,36 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
     return cmd + limit
 
 
+class SandboxedKernelClient(AsyncKernelClient):
+    """jupyter_client's client, ready as soon as the kernel answers on both channels."""
+
+    async def _async_wait_for_ready(self, timeout: float | None = None) -> None:
+        # jupyter_client's own wait ends by listening until IOPub has been silent for 0.2 s, to drain the
+        # kernel's start-up messages: a fixed 0.2 s per notebook. nbclient reads only the replies to its
+        # own requests (by parent message id), so the start-up messages need no draining.
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        while True:
+            self.kernel_info()
+            try:
+                reply = await self.shell_channel.get_msg(timeout=1)
+            except Empty:
+                reply = None
+            if reply is not None and reply["msg_type"] == "kernel_info_reply":
+                try:  # IOPub connected: the kernel's status messages reach it
+                    await self.iopub_channel.get_msg(timeout=0.2)
+                except Empty:
+                    pass
+                else:
+                    self._handle_kernel_info_reply(reply)
+                    return
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+
+    wait_for_ready = _async_wait_for_ready  # what AsyncKernelClient calls by this name
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A python3 kernel started inside the sandbox, talking over unix sockets in its scratch folder.
 
@@ -105,7 +138,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, **kwargs):
         super().__init__(policy=policy, scratch=scratch, zygote=zygote, kernel_name="python3", transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
-                         autorestart=False, **kwargs)
+                         autorestart=False, client_class="autograder.sandbox.SandboxedKernelClient", **kwargs)
 
     @property
     def kernel_spec(self) -> KernelSpec:
@@ -120,6 +153,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         return sandbox_prefix(self.policy, self.scratch) + super().format_kernel_cmd(extra_arguments)
+
+    async def _async_wait(self, pollinterval: float = 0.01) -> None:
+        # jupyter_client looks every 0.1 s whether the kernel has ended; a killed one ends within milliseconds
+        await super()._async_wait(pollinterval=pollinterval)
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
@@ -138,6 +175,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
 
+# JAX's compilation cache, in the kernel's scratch folder (compile_cache.py lends it a copy of the course's)
+JAX_CACHE = ".jax_cache"
+
+
 def kernel_env(scratch: Path) -> dict:
     """A small environment: nothing of the grader's own variables leaks into the kernel."""
     env = {
@@ -150,6 +191,12 @@ def kernel_env(scratch: Path) -> dict:
         "JUPYTER_PLATFORM_DIRS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "OMP_NUM_THREADS": "1",  # workers already run in parallel
+        "JAX_COMPILATION_CACHE_DIR": str(scratch / JAX_CACHE),
+        # every program, however quick to compile: a notebook compiles hundreds of small ones
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+        # not XLA's GPU autotuning cache: JAX would put its folder, which differs per kernel, into every key
+        "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
         "NBGRADER_EXECUTION": "autograde",
         # the notebooks' checks hand their values back instead of judging them in the kernel
         GRADING_ENV: "1",

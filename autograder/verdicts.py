@@ -45,16 +45,58 @@ def check_calls(source: str) -> list[tuple[str, int | None]]:
     return calls
 
 
+def source_check_calls(folder: Path) -> list[tuple[str, int | None]]:
+    """Every (exercise, hidden seed) the test cells of the notebooks in ``folder`` (an assignment's source) call."""
+    import nbformat
+
+    calls = []
+    for path in sorted(folder.glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
+                calls += [call for call in check_calls(cell.source) if call not in calls]
+    return calls
+
+
+def save_expected_values(checks_module: str, source: Path, path: Path) -> bool:
+    """Compute the reference's values for every check the assignment's test cells make, once for the
+    whole class (``JudgeChecks.expected_dir`` then lends them to each judging process). False where
+    the course's checks module does not offer it or no test cell calls ``check``."""
+    checks = importlib.import_module(checks_module)
+    calls = source_check_calls(source)
+    if not calls or not hasattr(checks, "save_expected"):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checks.save_expected(path.with_suffix(".tmp"), calls)
+    path.with_suffix(".tmp").replace(path)
+    return True
+
+
+_LOADED: dict[str, float] = {}  # an expected values file -> its mtime when this process loaded it
+
+
 class JudgeChecks(NbGraderPreprocessor):
     checks_module = Unicode("alibi_ref.course.checks", help="The module with MIME (the payloads' type), "
                                                            "judge(payload) -> Verdict and Verdict").tag(config=True)
+    expected_dir = Unicode("", help="Where ASSIGNMENT.pickle holds the reference's values for its checks, "
+                                    "computed once (save_expected_values); none: each process computes them"
+                           ).tag(config=True)
 
     def preprocess(self, nb, resources):
         checks = importlib.import_module(self.checks_module)
+        self._load_expected(checks, resources.get("nbgrader", {}).get("assignment"))
         for cell in nb.cells:
             if cell.cell_type == "code":
                 self._judge_cell(cell, checks)
         return nb, resources
+
+    def _load_expected(self, checks, assignment) -> None:
+        path = Path(self.expected_dir) / f"{assignment}.pickle"
+        if not (self.expected_dir and assignment and path.exists() and hasattr(checks, "load_expected")):
+            return
+        mtime = path.stat().st_mtime
+        if _LOADED.get(str(path)) != mtime:
+            checks.load_expected(path)
+            _LOADED[str(path)] = mtime
 
     def _judge_cell(self, cell, checks) -> None:
         payloads = [o.data[checks.MIME] for o in cell.get("outputs", [])

@@ -78,7 +78,8 @@ class Zygote:
 
     def spawn(self, connection_file: Path, scratch: Path) -> int:
         # a kernel of its own would get kernel_env(scratch); what of it is per notebook, this one gets too
-        env = {name: kernel_env(scratch)[name] for name in ("HOME", "MPLCONFIGDIR", "IPYTHONDIR")}
+        per_notebook = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR")
+        env = {name: kernel_env(scratch)[name] for name in per_notebook}
         return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                             log=str(scratch / "kernel.log"), env=env)["pid"]
 

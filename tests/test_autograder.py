@@ -292,6 +292,44 @@ def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_pa
     assert not first.root.exists() and not second.root.exists(), "the students' scratch folders are removed"
 
 
+@needs_bwrap
+def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_privately(tmp_path):
+    """The source notebook that imports JAX fills the cache (the one that does not is not run); a kernel
+    forked for a student starts with a copy, so it compiles only what the cache lacks, and what it adds
+    stays in its own folder."""
+    from autograder import compile_cache
+    from autograder.zygote import close_zygote, zygote_for
+
+    source = tmp_path / "source"
+    source.mkdir()
+    program = "import jax.numpy as jnp\nx = jnp.ones((5, 3))\nprint(float(jnp.tanh(x @ x.T).sum()))\n"
+    count = "import os\nprint('entries', len(os.listdir(os.environ['JAX_COMPILATION_CACHE_DIR'])))"
+    for name, code in (("uses_jax", program), ("plain", "open('ran.txt', 'w')")):
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)]), source / f"{name}.ipynb")
+    assert [compile_cache.uses_jax(source / f"{n}.ipynb") for n in ("uses_jax", "plain")] == [True, False]
+    policy = SandboxPolicy(memory_bytes=2 * 2**30)
+    cache = tmp_path / "cache"
+    filled = compile_cache.fill(source, cache, policy, cell_timeout=60)
+    assert filled > 0 and filled == len(list(cache.iterdir()))
+    before = sorted(p.name for p in cache.iterdir())
+    key = ("student", "hw")
+    try:
+        zygote = zygote_for(key, policy, ["numpy"])
+        for code, new_programs in ((program, False), (program + "print(float(jnp.exp(x).sum()))\n", True)):
+            scratch = zygote.scratch()
+            compile_cache.lend(cache, scratch)
+            printed = asyncio.run(_run_in_sandbox(code + count, policy, scratch, zygote))
+            assert (int(printed.split("entries")[1]) > filled) == new_programs, printed
+    finally:
+        close_zygote(key)
+    assert sorted(p.name for p in cache.iterdir()) == before, "a kernel's additions stay in its own folder"
+    empty = tmp_path / "no_jax"
+    empty.mkdir()
+    shutil.copy(source / "plain.ipynb", empty)
+    assert compile_cache.fill(empty, tmp_path / "cache2", policy, cell_timeout=60) == 0
+    assert not (tmp_path / "cache2").exists()
+
+
 # ----------------------------------------------------------------------------- static screening
 
 def test_the_solutions_are_not_flagged():

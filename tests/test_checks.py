@@ -1,6 +1,8 @@
 """The notebooks' checks: values handed back as data, verdicts reached apart from the answer, mistakes named."""
 
 import json
+import pickle
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -15,7 +17,7 @@ from alibi_ref.course import (
 )
 from alibi_ref.course.checks import EXERCISES, MIME, Case, ReferenceGuard, decode, encode, judge, run
 from autograder.screen import screen_notebook
-from autograder.verdicts import JudgeChecks, check_calls
+from autograder.verdicts import JudgeChecks, check_calls, source_check_calls
 
 SOLUTION = {
     "paper_slopes": '''
@@ -304,6 +306,28 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
     assert [e.ename for e in errors[3]] == ["GradingStopped"]
     assert "could not be read" in errors[4][0].evalue
     assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
+
+
+def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(tmp_path, monkeypatch):
+    calls = source_check_calls(Path("solutions/alibi"))
+    assert ("paper_slopes", None) in calls and ("mha_alibi_flax", 22) in calls, calls
+    fn, _ = answer("paper_slopes")
+    payload = json.loads(json.dumps(run("paper_slopes", fn, 2)))
+    monkeypatch.setattr(checks, "_EXPECTED", {})
+    path = tmp_path / "alibi.pickle"
+    checks.save_expected(path, [("paper_slopes", 2)])
+    assert judge(payload).passed
+    # what a judging process loads is what it judges against: a tampered copy fails the right answer
+    with open(path, "rb") as f:
+        stored = pickle.load(f)
+    stored["paper_slopes", 2] = [np.asarray(value) + 1.0 for value in stored["paper_slopes", 2]]
+    with open(path, "wb") as f:
+        pickle.dump(stored, f)
+    monkeypatch.setattr(checks, "_EXPECTED", {})
+    checks.load_expected(path)
+    assert not judge(payload).passed
+    monkeypatch.setattr(checks, "_EXPECTED", {})  # without it, computed afresh
+    assert judge(payload).passed
 
 
 def test_check_calls_are_read_from_the_cell_source():

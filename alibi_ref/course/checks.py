@@ -26,6 +26,7 @@ import base64
 import functools
 import math
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -357,11 +358,12 @@ def judge(payload: dict) -> Verdict:
         raise ValueError(f"{len(results)} results for {len(chosen)} cases")
     where = "hidden" if seed is not None else "visible"
     passed = f"{len(chosen)} {where} check{'s pass' if len(chosen) != 1 else ' passes'}"
-    failures = _failures(ex, chosen, results)
+    expected = expected_values(ex.name, seed)
+    failures = _failures(ex, chosen, results, expected)
     if not failures:
         return Verdict(True, f"{ex.name}: {passed}")
     rescued = payload.get("with_reference_upstream")
-    if rescued is not None and len(rescued) == len(chosen) and not _failures(ex, chosen, list(rescued)):
+    if rescued is not None and len(rescued) == len(chosen) and not _failures(ex, chosen, list(rescued), expected):
         names = " and ".join(str(n) for n in payload.get("upstream", ()))
         return Verdict(True, f"{ex.name}: {passed} with a correct {names} in place of yours. Your {names} is wrong "
                              "(its own check says how); this exercise is right.")
@@ -372,10 +374,10 @@ def judge(payload: dict) -> Verdict:
     return Verdict(False, f"{case.label}: {problem}{more}" + (f"\nHint: {hint}" if hint else ""))
 
 
-def _failures(ex: Exercise, chosen: list[Case], results: list) -> list[tuple[Case, str]]:
+def _failures(ex: Exercise, chosen: list[Case], results: list, expected: list) -> list[tuple[Case, str]]:
     failures = []
-    for case, result in zip(chosen, results, strict=True):
-        problem = _problem(ex, case, result)
+    for case, result, value in zip(chosen, results, expected, strict=True):
+        problem = _problem(ex, case, result, value)
         if problem:
             failures.append((case, problem))
     return failures
@@ -385,7 +387,34 @@ def expected_value(ex: Exercise, case: Case):
     return case.expected if case.expected is not None else ex.reference(*case.args, **case.kwargs)
 
 
-def _problem(ex: Exercise, case: Case, result) -> str | None:
+# (exercise, seed) -> the reference's value for each of its cases (None where the case must raise)
+_EXPECTED: dict[tuple[str, int | None], list] = {}
+
+
+def expected_values(name: str, seed: int | None) -> list:
+    """The reference's values for one check call's cases, computed once per process: a grader judges a
+    whole class on the same cases, and some references (Flax's layers) take seconds. ``save_expected``
+    computes them once for a course; ``load_expected`` lends them to the processes that judge."""
+    if (name, seed) not in _EXPECTED:
+        ex = _exercise(name)
+        _EXPECTED[name, seed] = [None if case.raises else expected_value(ex, case) for case in cases(name, seed)]
+    return _EXPECTED[name, seed]
+
+
+def save_expected(path, calls) -> None:
+    """Compute the values of every (exercise, seed) in ``calls`` and pickle them to ``path`` (the
+    grader's own folder: a pickle is only read where it was written by the grader)."""
+    values = {(name, seed): expected_values(name, seed) for name, seed in calls}
+    with open(path, "wb") as f:
+        pickle.dump(values, f)
+
+
+def load_expected(path) -> None:
+    with open(path, "rb") as f:
+        _EXPECTED.update(pickle.load(f))
+
+
+def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if not isinstance(result, dict):
         raise ValueError("bad result")
     if result.get("reference_call") == SWITCHED_OFF:
@@ -402,7 +431,7 @@ def _problem(ex: Exercise, case: Case, result) -> str | None:
     got = decode(result["value"])
     if ex.torch_inputs and isinstance(got, Leaf) and (got.kind != "tensor" or got.device != result.get("device")):
         return f"expected a tensor on {result.get('device')} (the inputs' device), got {_what(got)} on {got.device}"
-    return compare(got, expected_value(ex, case), case)
+    return compare(got, expected, case)
 
 
 def compare(got, expected, case: Case, path: str = "") -> str | None:
