@@ -9,7 +9,12 @@ JAX once, in the sandbox like any kernel, while the source stays unchanged, and 
 filled. Each kernel then starts with a private copy in its scratch folder (``JAX_COMPILATION_CACHE_DIR``,
 see ``sandbox.kernel_env``): it reads what it needs and adds what it compiles, and what it adds goes
 with its folder, so nothing one student runs reaches another. A cached program is the one XLA would
-compile; XLA refuses to load one built for a CPU with other features and compiles afresh.
+compile; XLA refuses to load one built for a CPU with other features and compiles afresh. Locally the
+cache lives in the grading output's state; a Dask worker machine fills its own, once.
+
+Two settings make it work for notebooks (``sandbox.kernel_env``): every program is cached, however
+quick to compile (a notebook compiles hundreds of small ones), and XLA's GPU autotuning cache is
+left off, because JAX would write its folder, different in every kernel, into every cache key.
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ The task carries everything it needs: the course as generated here (source, rele
 gradebook holding only the assignments' structure, packed once, a few hundred kB) and
 the student's cleaned notebooks. On the worker it is today's job unchanged: nbgrader's autograde
 with the sandboxed Execute step and the verdicts, into a private sqlite gradebook in a temporary
-folder. It returns the executed, judged notebooks, their outcome files and nbgrader's feedback pages
-(made from the same grades, and the instructor's due dates, which the bundle carries).
+folder. What the instructor's machine computes once per course to make grading faster stays out of
+the bundle, which travels with every task: each worker machine fills its own JAX compilation cache
+(``compile_cache.py``; XLA compiles for the machine's CPU) once, and each worker process computes
+the reference's values for the checks as it first judges them and keeps them. The task returns
+the executed, judged notebooks, their outcome files and nbgrader's feedback pages (made from the
+same grades, and the instructor's due dates, which the bundle carries).
 
 nbgrader's gradebook is not safe for several writers (its get-or-create calls race), so only
 this process writes it: for each result it runs nbgrader's own autograde once more, with the
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import tarfile
 import tempfile
@@ -48,7 +53,7 @@ WORK_DB = "course/gradebook.db"
 def _course_bundle(s) -> bytes:
     """The course as a worker needs it (tar): source, release, a gradebook of the assignments alone,
     the course's configuration. Built with nbgrader's generate_assignment, as here."""
-    from .grade import Settings, _api, compile_cache_dir, expected_dir
+    from .grade import Settings, _api
 
     with tempfile.TemporaryDirectory(prefix="autograder-bundle-") as tmp:
         work = Path(tmp)
@@ -61,9 +66,6 @@ def _course_bundle(s) -> bytes:
             if not result["success"]:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}")
         _copy_due_dates(s, ws)
-        for computed in (expected_dir, compile_cache_dir):  # the reference's values and JAX's cache, made here once
-            if computed(s).exists():
-                shutil.copytree(computed(s), computed(ws))
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             tar.add(work, arcname=".")
@@ -85,14 +87,19 @@ def _copy_due_dates(s, ws) -> None:
 def _worker_settings(s, work: Path):
     course = replace(s.course, config_file=work / CONFIG_FILE if s.course.config_file is not None else None,
                      source=work / "course" / "source")
-    return replace(s, output=work, db_url=f"sqlite:///{work / WORK_DB}", course=course, workers=1)
+    # JAX's compilation cache is the worker machine's own (XLA compiles for its CPU), filled once per machine,
+    # in the worker's user's cache folder (not /tmp, where another user could plant one)
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    machine_cache = cache_home / "alibi-autograder" / "compile-cache" / s.course.course_id
+    return replace(s, output=work, db_url=f"sqlite:///{work / WORK_DB}", course=course, workers=1,
+                   compile_cache=machine_cache)
 
 
 def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: dict[str, bytes],
                     files: dict[str, bytes]) -> dict:
     """The Dask task: grade one student's assignment in a private copy of the course; return the
     executed, judged notebooks ({name: bytes}), their outcome files and what nbgrader failed on."""
-    from .grade import _grade_student, ensure_tools_on_path
+    from .grade import _grade_student, _prepare_compile_cache, ensure_tools_on_path
     from .sandbox import bwrap_problem
 
     if s.sandbox and (problem := bwrap_problem()):
@@ -103,6 +110,9 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
         with tarfile.open(fileobj=io.BytesIO(bundle)) as tar:
             tar.extractall(work, filter="data")
         ws = _worker_settings(s, work)
+        # what this machine computes once, not the bundle (it would travel with every task): JAX's compilation
+        # cache here; the reference's values this worker process computes as it first judges them
+        _prepare_compile_cache(ws, assignment, work / "course" / "source" / assignment)
         submitted = work / "course" / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         for name, raw in notebooks.items():

@@ -14,6 +14,7 @@ idempotent and an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import json
@@ -46,6 +47,7 @@ class Settings:
     memory_bytes: int
     sandbox: bool
     course: Course
+    compile_cache: Path | None = None  # where JAX's compilation caches are kept (default: in the output's state)
 
 
 def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
@@ -196,7 +198,7 @@ def _prepare_expected_values(s: Settings, assignment: str, source: Path) -> None
 
 
 def compile_cache_dir(s: Settings) -> Path:
-    return s.output / "state" / "compile-cache"
+    return s.compile_cache or s.output / "state" / "compile-cache"
 
 
 def _prepare_compile_cache(s: Settings, assignment: str, source: Path) -> None:
@@ -212,13 +214,15 @@ def _prepare_compile_cache(s: Settings, assignment: str, source: Path) -> None:
         return
     wanted = _tree_hash(source) + jax
     key = compile_cache_dir(s) / f"{assignment}.key"
-    if key.exists() and key.read_text() == wanted:
-        return
     key.parent.mkdir(parents=True, exist_ok=True)
-    key.unlink(missing_ok=True)
-    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
-    compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout)
-    key.write_text(wanted)
+    with open(key.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Dask workers on one machine share one cache: one fills it
+        if key.exists() and key.read_text() == wanted:
+            return
+        key.unlink(missing_ok=True)
+        policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
+        compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout)
+        key.write_text(wanted)
 
 
 def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,
