@@ -85,8 +85,8 @@ class SandboxedExecute(Execute):
         if findings:
             self._fail_flagged_exercises(findings)
             status, reason = "flagged", "; ".join(str(f) for f in findings)
-        if status == "graded" and any(self._timed_out(c) for c in self.nb.cells):
-            status, reason = "timeout", f"a cell ran past the {self.timeout} s limit per cell and was interrupted"
+        elif status == "timeout" or (status == "graded" and any(self._timed_out(c) for c in self.nb.cells)):
+            status, reason = "timeout", self._timeout_reason(stopped_at)
         self.resources["autograder_outcome"] = {"status": status, "reason": reason,
                                                 "seconds": round(time.monotonic() - start, 2)}
         return self.nb, self.resources
@@ -141,6 +141,15 @@ class SandboxedExecute(Execute):
         payloads = (execute_reply or {}).get("content", {}).get("payload", [])
         if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payloads):
             self._exit_asked = True
+
+    def _timeout_reason(self, stopped_at: int | None) -> str:
+        """The first cell that ran out of time. Which limit struck it, the cell's or the notebook's, depends on
+        the machine's load when a notebook loops in several cells; which cell it was does not."""
+        first = next((i for i, c in enumerate(self.nb.cells) if self._timed_out(c)), stopped_at)
+        if stopped_at is not None:
+            first = min(first, stopped_at)
+        return (f"cell {first} ran past its time limit and was interrupted (limits: {self.timeout} s per cell, "
+                f"{self.notebook_timeout} s for the whole notebook)")
 
     @staticmethod
     def _timed_out(cell) -> bool:
