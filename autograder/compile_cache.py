@@ -47,7 +47,7 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
     """Run the notebooks in ``source`` that import JAX (the instructor's, solutions included) in the
     sandbox and keep the compilation cache they fill in ``target``. Returns the number of programs
     cached. A notebook that fails fills what it reached: the cache only makes grading faster."""
-    notebooks = [p for p in sorted(source.glob("*.ipynb")) if uses_jax(p)]
+    notebooks = [(path, nb) for path in sorted(source.glob("*.ipynb")) if uses_jax(nb := nbformat.read(path, 4))]
     shutil.rmtree(target, ignore_errors=True)
     if not notebooks:
         return 0
@@ -56,8 +56,7 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
         for data in source.iterdir():  # the data files the notebooks read
             if data.is_file() and data.suffix != ".ipynb":
                 shutil.copy(data, scratch / data.name)
-        for path in notebooks:
-            nb = nbformat.read(path, as_version=4)
+        for path, nb in notebooks:
             km = SandboxedKernelManager(policy=policy, scratch=scratch)
             try:
                 NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=True).execute()

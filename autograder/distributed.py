@@ -99,7 +99,7 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
                     files: dict[str, bytes]) -> dict:
     """The Dask task: grade one student's assignment in a private copy of the course; return the
     executed, judged notebooks ({name: bytes}), their outcome files and what nbgrader failed on."""
-    from .grade import _grade_student, _prepare_compile_cache, ensure_tools_on_path
+    from .grade import _grade_student, _prepare_compile_cache, _tree_hash, ensure_tools_on_path
     from .sandbox import bwrap_problem
 
     if s.sandbox and (problem := bwrap_problem()):
@@ -112,7 +112,7 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
         ws = _worker_settings(s, work)
         # what this machine computes once, not the bundle (it would travel with every task): JAX's compilation
         # cache here; the reference's values this worker process computes as it first judges them
-        _prepare_compile_cache(ws, assignment, work / "course" / "source" / assignment)
+        _prepare_compile_cache(ws, assignment, _tree_hash(work / "course" / "source" / assignment))
         submitted = work / "course" / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         for name, raw in notebooks.items():

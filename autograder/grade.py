@@ -150,7 +150,8 @@ def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
     for assignment in s.course.assignments:
         source = s.output / "course" / "source" / assignment
         marker = s.output / "state" / f"{assignment}.source.sha256"
-        wanted = _tree_hash(s.course.source / assignment) + s.db_url + s.course.course_id
+        source_hash = _tree_hash(s.course.source / assignment)
+        wanted = source_hash + s.db_url + s.course.course_id
         if not (marker.exists() and marker.read_text() == wanted and source.exists()):
             shutil.rmtree(source, ignore_errors=True)
             shutil.copytree(s.course.source / assignment, source)
@@ -160,8 +161,8 @@ def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
                                    f"{result.get('error', '')}")
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(wanted)
-        _prepare_expected_values(s, assignment, source)
-        _prepare_compile_cache(s, assignment, source)
+        _prepare_expected_values(s, assignment, source_hash)
+        _prepare_compile_cache(s, assignment, source_hash)
         release = s.output / "course" / "release" / assignment
         releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
     (s.output / "state" / "course.json").write_text(json.dumps({
@@ -180,28 +181,41 @@ def _checks_module(s: Settings) -> str:
     return JudgeChecks(config=nbgrader_config(s)).checks_module
 
 
-def _prepare_expected_values(s: Settings, assignment: str, source: Path) -> None:
+def _rebuild_if_changed(key: Path, wanted: str, build) -> None:
+    """Run ``build`` unless ``key`` records ``wanted``, the fingerprint of what it builds from, and record it
+    after a build that does not return False. Under a lock beside the key: Dask workers on one machine
+    share their compilation cache, and one of them fills it."""
+    key.parent.mkdir(parents=True, exist_ok=True)
+    with open(key.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if key.exists() and key.read_text() == wanted:
+            return
+        key.unlink(missing_ok=True)
+        if build() is not False:
+            key.write_text(wanted)
+
+
+def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> None:
     """The reference's values for the assignment's checks, computed here once (while the assignment's
     source and the checks' code stay as they are) instead of by every judging process."""
     from .verdicts import save_expected_values
 
     module = _checks_module(s)
     package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
-    wanted = _tree_hash(source) + _tree_hash(package, "*.py")
-    key = expected_dir(s) / f"{assignment}.key"
-    if key.exists() and key.read_text() == wanted:
-        return
-    key.unlink(missing_ok=True)
-    (expected_dir(s) / f"{assignment}.pickle").unlink(missing_ok=True)
-    if save_expected_values(module, source, expected_dir(s) / f"{assignment}.pickle"):
-        key.write_text(wanted)
+    values = expected_dir(s) / f"{assignment}.pickle"
+
+    def build() -> bool:
+        values.unlink(missing_ok=True)
+        return save_expected_values(module, s.output / "course" / "source" / assignment, values)
+
+    _rebuild_if_changed(expected_dir(s) / f"{assignment}.key", source_hash + _tree_hash(package, "*.py"), build)
 
 
 def compile_cache_dir(s: Settings) -> Path:
     return s.compile_cache or s.output / "state" / "compile-cache"
 
 
-def _prepare_compile_cache(s: Settings, assignment: str, source: Path) -> None:
+def _prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> None:
     """JAX's compilation cache for the assignment, filled from its source notebooks (compile_cache.py)
     once while the source and JAX stay as they are."""
     from importlib.metadata import PackageNotFoundError, version
@@ -212,17 +226,10 @@ def _prepare_compile_cache(s: Settings, assignment: str, source: Path) -> None:
         jax = version("jaxlib")
     except PackageNotFoundError:
         return
-    wanted = _tree_hash(source) + jax
-    key = compile_cache_dir(s) / f"{assignment}.key"
-    key.parent.mkdir(parents=True, exist_ok=True)
-    with open(key.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # Dask workers on one machine share one cache: one fills it
-        if key.exists() and key.read_text() == wanted:
-            return
-        key.unlink(missing_ok=True)
-        policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
-        compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout)
-        key.write_text(wanted)
+    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
+    source = s.output / "course" / "source" / assignment
+    _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax,
+                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout))
 
 
 def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,
