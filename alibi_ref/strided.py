@@ -20,6 +20,15 @@ each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
 j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle; smaller
 blocks waste less but make the kernel's q tiles smaller (below 768 rows it uses 64-row tiles).
 
+Causal 16-bit inputs need neither the reversal nor the blocks. Under the causal mask query i sees
+j <= i only, where its bias -m (i - j) is the last query's, -m (N - 1 - j), plus m (N - 1 - i):
+a constant per row, which softmax ignores. So every query can read the last query's row, a
+broadcast view (stride 0 along i), and the kernel's own is_causal hides the keys ahead, in one
+call, in query order. The price is precision: the logits now reach m (N - 1), which the kernel's
+float32 accumulator rounds to 2^-24 of that; far below a 16-bit output's rounding (taken while it
+stays under a quarter of it, ``last_row_fits``), but 100 times the float32 error of the reversal at
+N = 4096, so float32 keeps the blocks.
+
 The same call runs on CUDA, where it has not been measured: ``alibi_attention`` picks it on
 the CPU only, and FlexAttention on CUDA.
 """
@@ -52,6 +61,27 @@ def bias_row(slopes, q_len: int, k_len: int, causal: bool):
     return bias_from_distances(slopes, (k_len - 1) - t, causal)  # (H, t)
 
 
+def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
+    """Whether a causal call can run as one kernel call reading the last query's row (module docstring).
+
+    Precision: the shift rounds each logit by up to max|m| (N - 1) 2^-24, kept under a quarter of the
+    16-bit dtype's unit roundoff (bfloat16: max|m| (N - 1) <= 16384, float16: <= 2048). The kernel:
+    only torch's CPU flash kernel has been seen to take a mask and is_causal together, and it takes
+    them only without dropout and with v's head size equal to q's (else torch's math path refuses
+    the pair); is_causal aligns the queries to the first keys, so q_len must equal k_len.
+    """
+    import torch
+
+    q_len, k_len = q.shape[-2], v.shape[-2]
+    if not causal or q_len != k_len or q.device.type != "cpu" or dropout_p > 0 or v.shape[-1] != q.shape[-1]:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    unit_roundoff = torch.finfo(q.dtype).eps / 2
+    largest_shift = float(slopes.detach().abs().max()) * (k_len - 1)
+    return largest_shift * 2.0**-24 <= unit_roundoff / 4
+
+
 def hankel_view(row, rows: range, n_keys: int):
     """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j).
 
@@ -68,13 +98,19 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
 
     ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
-    query rows per kernel call under a causal mask, ``causal_block`` unless given. ``dropout_p``:
-    the kernel's attention dropout.
+    query rows per kernel call under a causal mask, ``causal_block`` unless given (unless given, a
+    call ``last_row_fits`` takes runs as one kernel call instead). ``dropout_p``: the kernel's
+    attention dropout.
     """
     import torch
     import torch.nn.functional as F
 
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if block is None and last_row_fits(q, v, slopes, causal, dropout_p):
+        last = bias_row(slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
+        every_query = last.as_strided((1, last.shape[0], q_len, k_len), (0, k_len, 0, 1))  # (1, H, i, j)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=every_query, is_causal=True, scale=scale,
+                                              enable_gqa=groups > 1)  # (B, H, i, d_v)
     # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i

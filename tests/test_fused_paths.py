@@ -14,7 +14,7 @@ from test_attention import problems, to_torch
 
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
 from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
-from alibi_ref.strided import bias_row, causal_block, hankel_view, strided_alibi_attention
+from alibi_ref.strided import bias_row, causal_block, hankel_view, last_row_fits, strided_alibi_attention
 
 
 def test_the_bias_is_a_strided_view_of_one_row_once_the_queries_are_reversed():
@@ -68,22 +68,27 @@ def test_strided_float32_is_as_close_to_float64_as_the_materialised_bias_at_leng
     assert error < 5e-6, f"the strided path is off by {error:.2e} at N={n}"
 
 
-def test_strided_runs_16_bit_inputs_forward_and_backward():
+@pytest.mark.parametrize("block", [None, 150], ids=["default", "blocks"])
+def test_strided_runs_16_bit_inputs_forward_and_backward(block):
     """16-bit in and out, the bias added in float32: output and gradients within the inputs' own rounding.
 
-    Stated bounds (gradients here reach about 4 in size): bfloat16 2e-2 on the output and 4e-2 on
-    the gradients, float16 2e-3 and 5e-3.
+    Causal calls run as one kernel call reading the last query's row by default, through the blocks
+    when ``block`` is given. Stated bounds (gradients here reach about 4 in size): bfloat16 2e-2 on
+    the output and 4e-2 on the gradients, float16 2e-3 and 1.2e-2. float16's gradient bound is torch's:
+    its CPU kernel with is_causal and no bias at all is off by 7e-3 on dv here (keys near the start
+    sum the gradient of hundreds of queries), and the one-call form is that kernel (measured 8.8e-3;
+    the blocks 2.7e-3).
     """
     gen = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, 8, 600, 32, generator=gen) for _ in range(4))
-    slopes = torch.tensor(get_slopes(8))
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
     for causal in (True, False):
         leaves = [x.double().requires_grad_() for x in (q, k, v)]
         reference = alibi_attention(*leaves, slopes.double(), causal=causal)
         reference_grads = torch.autograd.grad(reference, leaves, grad.double())
-        for dtype, bound, grad_bound in [(torch.bfloat16, 2e-2, 4e-2), (torch.float16, 2e-3, 5e-3)]:
+        for dtype, bound, grad_bound in [(torch.bfloat16, 2e-2, 4e-2), (torch.float16, 2e-3, 1.2e-2)]:
             inputs = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-            out = alibi_attention(*inputs, slopes, causal=causal, impl="strided")
+            out = strided_alibi_attention(*inputs, slopes, 32**-0.5, causal, 1, block)
             assert out.dtype == dtype
             error = (out.double() - reference).abs().max().item()
             assert error < bound, f"{dtype}, causal={causal}: off by {error:.2e}"
@@ -92,6 +97,41 @@ def test_strided_runs_16_bit_inputs_forward_and_backward():
                 assert ours.dtype == dtype
                 error = (ours.double() - theirs).abs().max().item()
                 assert error < grad_bound, f"{dtype}, causal={causal}: d{name} off by {error:.2e}"
+
+
+def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below_their_precision(monkeypatch):
+    def fits(dtype=torch.bfloat16, n=600, k_len=None, d_v=32, dropout_p=0.0, causal=True, slope=0.5):
+        q = torch.zeros(2, 8, n, 32, dtype=dtype)
+        v = torch.zeros(2, 8, k_len or n, d_v, dtype=dtype)
+        return last_row_fits(q, v, torch.tensor([slope] + [0.01] * 7), causal, dropout_p)
+
+    assert fits() and fits(torch.float16)
+    assert not fits(torch.float32)  # the shift would cost float32 100 times its error (module docstring)
+    assert not fits(causal=False)
+    assert not fits(k_len=700)  # is_causal aligns the queries to the first keys
+    assert not fits(dropout_p=0.1) and not fits(d_v=16)  # torch's math path refuses a mask with is_causal
+    # max |m| (N - 1) 2^-24 within a quarter of the unit roundoff: float16 up to 2048, bfloat16 up to 16384
+    assert fits(torch.float16, n=4097) and not fits(torch.float16, n=4098)
+    assert fits(torch.bfloat16, n=32769) and not fits(torch.bfloat16, n=32770)
+    assert fits(torch.float16, n=4098, slope=0.25) and fits(torch.float16, n=4097, slope=-0.5)
+
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 1100, 16, generator=gen) for _ in range(3))
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
+    for dtype, expected in [(torch.bfloat16, [True]), (torch.float32, [False] * 5)]:
+        calls.clear()
+        alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True)
+        assert calls == expected, dtype  # float32: 256-row blocks of the reversed queries
+    # grouped-query attention (8 query heads on 2 KV heads) in the one call, against float64's naive path
+    k, v = k[:, :2], v[:, :2]
+    reference = alibi_attention(q.double(), k.double(), v.double(), slopes.double(), causal=True, impl="naive")
+    calls.clear()
+    out = alibi_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), slopes, causal=True)
+    assert calls == [True] and (out.double() - reference).abs().max() < 2e-2
 
 
 def test_learned_slopes_get_the_same_gradient_through_the_strided_view():
@@ -121,6 +161,12 @@ def test_auto_picks_the_fused_path_for_its_device():
         assert choose_impl("auto", q, Dims(8, 8, n, n, 4), False) == expected, n
     q = torch.zeros(1, 8, 1, 4)  # one decoding step against a long cache
     assert choose_impl("auto", q, Dims(8, 8, 1, 4096, 4), False) == "strided"
+    # a symmetric batch whose bias (H i j) is small beside q (B H i d): k_len <= B d / 4 takes the bias
+    for batch, n, causal, expected in [(32, 512, False, "sdpa"), (32, 513, False, "strided"),
+                                       (32, 512, True, "strided"), (16, 256, False, "sdpa"),
+                                       (8, 256, False, "strided"), (1, 128, False, "strided")]:
+        q = torch.zeros(batch, 1, 8, n, 64)  # the batch may have several dimensions
+        assert choose_impl("auto", q, Dims(8, 8, n, n, 64), False, causal=causal) == expected, (batch, n, causal)
     assert choose_impl("auto", q, Dims(8, 8, 1, 4096, 4), True) == "naive"  # the weights were asked for
     assert choose_impl("auto", np.zeros((8, 4, 4)), Dims(8, 8, 4, 4, 4), False) == "naive"
     with pytest.raises(ValueError, match="impl='strided' needs torch tensors"):
