@@ -67,13 +67,16 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
     Precision: the shift rounds each logit by up to max|m| (N - 1) 2^-24, kept under a quarter of the
     16-bit dtype's unit roundoff (bfloat16: max|m| (N - 1) <= 16384, float16: <= 2048). The kernel:
     only torch's CPU flash kernel has been seen to take a mask and is_causal together, and it takes
-    them only without dropout and with v's head size equal to q's (else torch's math path refuses
-    the pair); is_causal aligns the queries to the first keys, so q_len must equal k_len.
+    them only without dropout, with v's head size equal to q's and with a mask that needs no gradient
+    (learned slopes; else torch's math path runs, which refuses the pair); is_causal aligns the
+    queries to the first keys, so q_len must equal k_len.
     """
     import torch
 
     q_len, k_len = q.shape[-2], v.shape[-2]
     if not causal or q_len != k_len or q.device.type != "cpu" or dropout_p > 0 or v.shape[-1] != q.shape[-1]:
+        return False
+    if slopes.requires_grad and torch.is_grad_enabled():
         return False
     if q.dtype not in (torch.bfloat16, torch.float16):
         return False

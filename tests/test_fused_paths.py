@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_attention import problems, to_torch
 
+import alibi_ref.strided as strided
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
 from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
 from alibi_ref.strided import bias_row, causal_block, hankel_view, last_row_fits, strided_alibi_attention
@@ -41,6 +42,57 @@ def test_strided_equals_naive_in_float64_for_any_causal_block(problem, block):
     by_keyword = strided_alibi_attention(q, k, v, slopes, scale=q.shape[-1] ** -0.5, causal=causal, groups=groups,
                                          block=block)
     assert torch.equal(by_keyword, out)
+
+
+def _one_call_whatever_the_dtype(q, v, slopes, causal, dropout_p):
+    """last_row_fits without its precision bound: what the kernel needs, so float64 can run the one-call form."""
+    return (causal and dropout_p == 0 and q.shape[-2] == v.shape[-2] and q.shape[-1] == v.shape[-1]
+            and not slopes.requires_grad)
+
+
+@given(problems(max_len=9, causal=True))
+def test_the_one_call_causal_form_is_exact_algebra_in_float64(problem):
+    """Shifting each row by a constant changes nothing: in float64 the last query's row with the kernel's
+    is_causal equals the naive path, for any slopes, GQA and batch shape (16-bit inputs take it, for speed)."""
+    q, k, v, slopes, _ = problem
+    k, v = k[..., -q.shape[-2]:, :], v[..., -q.shape[-2]:, :]  # the form needs q_len == k_len
+    v = np.tile(v, q.shape[-1])[..., : q.shape[-1]]  # and d_v == d
+    expected = alibi_attention(q, k, v, slopes, causal=True)
+    q, k, v, slopes = to_torch(q, k, v, slopes)
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(strided, "last_row_fits", lambda *args: calls.append(1) or _one_call_whatever_the_dtype(*args))
+        out = strided_alibi_attention(q, k, v, slopes, q.shape[-1] ** -0.5, True, q.shape[-3] // k.shape[-3])
+    assert calls and _one_call_whatever_the_dtype(q, v, slopes, True, 0.0)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_the_one_call_causal_form_passes_gradcheck(monkeypatch):
+    monkeypatch.setattr(strided, "last_row_fits", _one_call_whatever_the_dtype)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 7, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
+    k, v = torch.randn(2, 1, 2, 7, 5, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.7, 0.1], dtype=torch.float64)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda q, k, v: strided_alibi_attention(q, k, v, slopes, 0.4, True, 2), inputs)
+
+
+def test_learned_slopes_in_16_bit_take_the_blocks_and_get_their_gradient():
+    """torch's CPU kernel refuses a mask that needs a gradient, and its math path refuses a mask with
+    is_causal: learned slopes take the reversed-query blocks, where the gradient reaches them."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 300, 8, generator=gen) for _ in range(3))
+    grads = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        slopes = torch.tensor(get_slopes(4), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                              requires_grad=True)
+        assert not last_row_fits(q.to(dtype), v.to(dtype), slopes, True, 0.0)
+        with torch.no_grad():
+            assert last_row_fits(q.bfloat16(), v.bfloat16(), slopes, True, 0.0)  # no gradient, no refusal
+        out = alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True, impl="strided")
+        (grads[dtype],) = torch.autograd.grad((out.double() * v.double()).sum(), slopes)
+    assert grads[torch.float64].abs().min() > 1e-2  # every slope matters here
+    torch.testing.assert_close(grads[torch.bfloat16].double(), grads[torch.float64], rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.parametrize(("causal", "q_len", "block"), [(True, 7, 3), (False, 7, 3), (True, 2, 4), (True, 7, 1)])
