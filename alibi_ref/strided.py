@@ -112,8 +112,14 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     if block is None and last_row_fits(q, v, slopes, causal, dropout_p):
         last = bias_row(slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
         every_query = last.as_strided((1, last.shape[0], q_len, k_len), (0, k_len, 0, 1))  # (1, H, i, j)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=every_query, is_causal=True, scale=scale,
-                                              enable_gqa=groups > 1)  # (B, H, i, d_v)
+        try:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=every_query, is_causal=True, scale=scale,
+                                                  enable_gqa=groups > 1)  # (B, H, i, d_v)
+        except RuntimeError as refused:
+            # a torch whose fused CPU kernel turns the call down (older ones lack GQA there) sends it
+            # to its math path, which refuses a mask with is_causal: the blocks below do it instead
+            if "is_causal" not in str(refused):
+                raise
     # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i

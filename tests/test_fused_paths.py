@@ -67,6 +67,22 @@ def test_the_one_call_causal_form_is_exact_algebra_in_float64(problem):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
+def test_a_torch_that_refuses_the_one_call_form_gets_the_blocks(monkeypatch):
+    """Where torch's fused kernel turns the call down (here: d_v != d, which last_row_fits knows of;
+    older torch versions: GQA), its math path refuses a mask with is_causal, and the blocks run."""
+    monkeypatch.setattr(strided, "last_row_fits", lambda *args: True)
+    gen = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(2, 4, 9, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 4, 9, 3, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="is_causal"):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros_like(q[0, 0, :, :9]),
+                                                         is_causal=True)
+    out = strided_alibi_attention(q, k, v, slopes, 0.4, True, 1)
+    expected = alibi_attention(q, k, v, slopes, causal=True, scale=0.4, impl="naive")
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+
+
 def test_the_one_call_causal_form_passes_gradcheck(monkeypatch):
     monkeypatch.setattr(strided, "last_row_fits", _one_call_whatever_the_dtype)
     gen = torch.Generator().manual_seed(4)
