@@ -29,14 +29,27 @@ float32 accumulator rounds to 2^-24 of that; far below a 16-bit output's roundin
 stays under a quarter of it, ``last_row_fits``), but 100 times the float32 error of the reversal at
 N = 4096, so float32 keeps the blocks.
 
+Learned slopes: torch's fused kernel refuses a mask that needs a gradient (its math path would
+build the (B, H, N, N) weights). So the attention runs with the slopes detached, and
+``SlopesGradient`` hands the slopes their gradient in the backward pass, from the softmax's
+backward recomputed a block of query rows at a time:
+
+    dL/dm_h = sum_{i,j} dS[h, i, j] * (-|i' - j|),     dS = P * (dP - delta),
+    dP = dO V^T,     delta_i = sum_j P[i, j] dP[i, j] = dO_i . O_i
+
 The same call runs on CUDA, where it has not been measured: ``alibi_attention`` picks it on
 the CPU only, and FlexAttention on CUDA.
 """
 
 from __future__ import annotations
 
-from ._backend import over_flat_batch
+import torch
+
+from ._backend import over_flat_batch, repeat_heads
 from .bias import bias_from_distances
+
+# scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
+SCORES_PER_BLOCK = 1 << 22
 
 
 def causal_block(q_len: int, n_keys: int) -> int:
@@ -55,8 +68,6 @@ def causal_block(q_len: int, n_keys: int) -> int:
 
 def bias_row(slopes, q_len: int, k_len: int, causal: bool):
     """(H, q_len + k_len - 1): the one row every entry of the reversed-query bias is read from."""
-    import torch
-
     t = torch.arange(q_len + k_len - 1, device=slopes.device)
     return bias_from_distances(slopes, (k_len - 1) - t, causal)  # (H, t)
 
@@ -68,11 +79,9 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
     16-bit dtype's unit roundoff (bfloat16: max|m| (N - 1) <= 16384, float16: <= 2048). The kernel:
     only torch's CPU flash kernel has been seen to take a mask and is_causal together, and it takes
     them only without dropout, with v's head size equal to q's and with a mask that needs no gradient
-    (learned slopes; else torch's math path runs, which refuses the pair); is_causal aligns the
-    queries to the first keys, so q_len must equal k_len.
+    (else torch's math path runs, which refuses the pair: ``strided_alibi_attention`` detaches
+    learned slopes); is_causal aligns the queries to the first keys, so q_len must equal k_len.
     """
-    import torch
-
     q_len, k_len = q.shape[-2], v.shape[-2]
     if not causal or q_len != k_len or q.device.type != "cpu" or dropout_p > 0 or v.shape[-1] != q.shape[-1]:
         return False
@@ -105,7 +114,14 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     call ``last_row_fits`` takes runs as one kernel call instead). ``dropout_p``: the kernel's
     attention dropout.
     """
-    import torch
+    if slopes.requires_grad and torch.is_grad_enabled() and dropout_p == 0:
+        # the fused kernel refuses a mask that needs a gradient: the slopes get theirs beside it
+        out = _attention(q, k, v, slopes.detach(), scale, causal, groups, block, 0.0)
+        return SlopesGradient.apply(out, slopes, q.detach(), k.detach(), v.detach(), scale, causal, groups)
+    return _attention(q, k, v, slopes, scale, causal, groups, block, dropout_p)
+
+
+def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None, dropout_p: float):
     import torch.nn.functional as F
 
     q_len, k_len = q.shape[-2], k.shape[-2]
@@ -136,3 +152,43 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
+
+
+class SlopesGradient(torch.autograd.Function):
+    """The attention output unchanged, and in the backward pass the slopes' gradient (module docstring).
+
+    ``apply(out, slopes, q, k, v, scale, causal, groups)``: out (B, H, i, d_v) from the fused kernel
+    with the slopes detached, which keeps its own gradient path to q, k and v. The scores are
+    recomputed a block of query rows at a time (SCORES_PER_BLOCK), in the slopes' dtype (at least
+    float32): memory of one block's (B, H, rows, j), never (B, H, i, j).
+    """
+
+    @staticmethod
+    def forward(ctx, out, slopes, q, k, v, scale, causal, groups):
+        ctx.save_for_backward(out, slopes, q, k, v)
+        ctx.settings = scale, causal, groups
+        return out.view_as(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative would miss q, k, v's part: refused
+    def backward(ctx, grad_out):
+        out, slopes, q, k, v = ctx.saved_tensors
+        scale, causal, groups = ctx.settings
+        work = slopes.dtype
+        q, k, v, out, d_out = (x.to(work) for x in (q, k, v, out, grad_out))
+        k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d)
+        B, H, q_len, _ = q.shape
+        k_len = k.shape[-2]
+        delta = (d_out * out).sum(-1, keepdim=True)  # (B, H, i, 1): sum_j P dP = dO . O
+        rows = max(1, SCORES_PER_BLOCK // (B * H * k_len))
+        keys = torch.arange(k_len, device=q.device)
+        grad = torch.zeros_like(slopes)
+        for start in range(0, q_len, rows):
+            i = slice(start, min(q_len, start + rows))
+            j = slice(0, i.stop + (k_len - q_len) if causal else k_len)  # causal: the keys these rows see
+            rel = (torch.arange(i.start, i.stop, device=q.device) + (k_len - q_len))[:, None] - keys[j]  # (i, j)
+            scores = q[..., i, :] @ k[..., j, :].transpose(-1, -2) * scale + bias_from_distances(slopes, rel, causal)
+            d_probs = d_out[..., i, :] @ v[..., j, :].transpose(-1, -2)  # (B, H, i, j)
+            d_scores = scores.softmax(-1) * (d_probs - delta[..., i, :])  # the softmax's backward
+            grad += (d_scores * -rel.abs().to(work)).sum((0, 2, 3))  # d bias / d m_h = -|i' - j|
+        return grad_out, grad, None, None, None, None, None, None

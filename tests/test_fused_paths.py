@@ -93,22 +93,39 @@ def test_the_one_call_causal_form_passes_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(lambda q, k, v: strided_alibi_attention(q, k, v, slopes, 0.4, True, 2), inputs)
 
 
-def test_learned_slopes_in_16_bit_take_the_blocks_and_get_their_gradient():
-    """torch's CPU kernel refuses a mask that needs a gradient, and its math path refuses a mask with
-    is_causal: learned slopes take the reversed-query blocks, where the gradient reaches them."""
+def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(monkeypatch):
+    """torch's fused kernel refuses a mask that needs a gradient (its math path would build every weight):
+    the attention runs with the slopes detached, one kernel call here, and SlopesGradient gives them theirs."""
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 4, 300, 8, generator=gen) for _ in range(3))
     grads = {}
     for dtype in (torch.float64, torch.bfloat16):
         slopes = torch.tensor(get_slopes(4), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
                               requires_grad=True)
-        assert not last_row_fits(q.to(dtype), v.to(dtype), slopes, True, 0.0)
-        with torch.no_grad():
-            assert last_row_fits(q.bfloat16(), v.bfloat16(), slopes, True, 0.0)  # no gradient, no refusal
+        assert not last_row_fits(q.to(dtype), v.to(dtype), slopes, True, 0.0)  # as they come: refused
+        calls.clear()
         out = alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True, impl="strided")
+        assert calls == ([True] if dtype == torch.bfloat16 else [False] * 4)  # float64: 75-row blocks
         (grads[dtype],) = torch.autograd.grad((out.double() * v.double()).sum(), slopes)
     assert grads[torch.float64].abs().min() > 1e-2  # every slope matters here
     torch.testing.assert_close(grads[torch.bfloat16].double(), grads[torch.float64], rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize(("causal", "q_len", "block"), [(True, 7, 3), (False, 7, None), (True, 2, None)])
+def test_learned_slopes_pass_gradcheck_block_by_block(monkeypatch, causal, q_len, block):
+    """The slopes' gradient recomputed a few query rows at a time (SCORES_PER_BLOCK made tiny), with GQA."""
+    monkeypatch.setattr(strided, "SCORES_PER_BLOCK", 2 * 4 * 7 * 2)  # 2 rows per block: 4 blocks of 7 rows
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, q_len, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
+    k, v = torch.randn(2, 2, 2, 7, 5, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.7, 0.1], dtype=torch.float64)
+    inputs = [x.requires_grad_() for x in (q, k, v, slopes)]
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, m: strided_alibi_attention(q, k, v, m, 0.4, causal, 2, block), inputs)
 
 
 @pytest.mark.parametrize(("causal", "q_len", "block"), [(True, 7, 3), (False, 7, 3), (True, 2, 4), (True, 7, 1)])
