@@ -273,12 +273,13 @@ _MEMORY_PROBE = textwrap.dedent("""
     slopes = torch.tensor(get_slopes(heads))
     alibi_attention(q[:, :, :600], k[:, :, :600], v[:, :, :600], slopes, causal=True).sum().backward()  # warm-up
     q.grad = k.grad = v.grad = None
+    learned = slopes.clone().requires_grad_()  # the slopes' own gradient, recomputed block by block
     peaks = {}
-    for name, causal in (("causal", True), ("symmetric", False)):
+    for name, causal, m in (("causal", True, slopes), ("symmetric", False, slopes), ("learned, causal", True, learned)):
         base = status("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak to the present
-        out = alibi_attention(q, k, v, slopes, causal=causal)
+        out = alibi_attention(q, k, v, m, causal=causal)
         out.sum().backward()
         peaks[name] = status("VmHWM") - base
         q.grad = k.grad = v.grad = None
@@ -289,11 +290,11 @@ _MEMORY_PROBE = textwrap.dedent("""
 
 def test_default_path_at_length_16384_stays_under_1_gib():
     """The (8, 16384, 16384) float32 bias alone would be 8 GiB; the default path must never build it,
-    forward or backward (each case here runs both)."""
+    forward or backward (each case here runs both), learned slopes included."""
     done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(peaks) == 2
+    assert len(peaks) == 3
     for name, peak in peaks.items():
         print(f"{name}: {peak / 2**20:.0f} MiB beyond the inputs")
         assert peak < 2**30, f"{name}: {peak / 2**20:.0f} MiB at N=16384"
