@@ -15,7 +15,6 @@ whole submission, passing cells included. This one records what happened instead
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import Bool, Enum, Integer, List, Unicode
 
 from .compile_cache import lend
-from .sandbox import SandboxedKernelManager, SandboxPolicy
+from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
 from .screen import screen_notebook
 from .verdicts import error_output as _error
 
@@ -63,7 +62,7 @@ class SandboxedExecute(Execute):
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
                                      use_bwrap=self.use_bwrap)
         self._zygote = self._student_zygote(resources)
-        self._scratch = self._zygote.scratch() if self._zygote else Path(tempfile.mkdtemp(prefix="alibi-kernel-"))
+        self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
         folder = Path(resources.get("metadata", {}).get("path") or ".")
         for data in folder.iterdir() if folder.is_dir() else ():

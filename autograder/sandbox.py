@@ -16,9 +16,11 @@ the same limits and scratch folder, after a warning: a weaker fallback for trust
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -46,6 +48,44 @@ class SandboxPolicy:
 
     memory_bytes: int = 3 * 2**30
     use_bwrap: bool = True
+
+
+# a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
+_SCRATCH_NAME = re.compile(r"alibi-(student|kernel)-(?P<pid>\d+)-(?P<start>\d+)-[^/]+")
+
+
+def _process_tag(pid: int) -> str | None:
+    """pid and its start time (clock ticks since boot, from /proc), which a reused pid does not share;
+    None where no such process runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None if sys.platform == "linux" else f"{pid}-0"
+    return f"{pid}-{stat.rsplit(')', 1)[1].split()[19]}"  # field 22, counted after the command's name
+
+
+def new_scratch(kind: str) -> Path:
+    """A private folder (0700) for a student's sandbox or one kernel, named for the process that made
+    it, after removing what graders killed before they could clean up left behind (``sweep_scratch``)."""
+    sweep_scratch()
+    return Path(tempfile.mkdtemp(prefix=f"alibi-{kind}-{_process_tag(os.getpid())}-"))
+
+
+def sweep_scratch(where: Path | None = None) -> list[Path]:
+    """Remove this user's scratch folders whose process is gone (a grader killed by a signal or the OOM
+    killer leaves the students' code and outputs behind); returns them. The name decides, not a file
+    inside, which the student's code could write."""
+    removed = []
+    for entry in os.scandir(where or tempfile.gettempdir()):
+        match = _SCRATCH_NAME.fullmatch(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            continue  # another user's grader
+        if _process_tag(int(match["pid"])) != f"{match['pid']}-{match['start']}":
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 @lru_cache(maxsize=1)

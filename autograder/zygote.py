@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .sandbox import SandboxPolicy, kernel_env, sandbox_prefix
+from .sandbox import SandboxPolicy, kernel_env, new_scratch, sandbox_prefix
 
 SERVER = Path(__file__).with_name("_zygote_server.py")
 START_TIMEOUT = 120  # seconds for the zygote's imports (torch on a loaded machine: a few)
@@ -44,7 +44,7 @@ class Zygote:
     """A student's sandbox with a zygote in it (see the module docstring)."""
 
     def __init__(self, policy: SandboxPolicy, preload: list[str]):
-        self.root = Path(tempfile.mkdtemp(prefix="alibi-student-"))
+        self.root = new_scratch("student")
         self.socket = self.root / "zygote.sock"
         cmd = [*sandbox_prefix(policy, self.root), sys.executable, "-c", SERVER.read_text(), str(self.socket),
                *preload]

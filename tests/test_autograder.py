@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -19,7 +20,7 @@ from conftest import FAST
 
 from autograder.collect import collect
 from autograder.grade import grade
-from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem
+from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem, new_scratch, sweep_scratch
 from autograder.screen import screen_notebook
 from autograder.zygote import Zygote
 
@@ -429,3 +430,29 @@ def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_cla
     for student, total in report.totals().items():
         if student != "ada":
             assert float(by_student[student]["alibi total"]) == total, student
+
+
+def test_scratch_folders_a_killed_grader_left_are_removed_by_the_next_and_only_those(tmp_path, monkeypatch):
+    """A grader killed by a signal or the OOM killer cannot clean up: its students' code and outputs stay in
+    the temporary folder. The next scratch folder made sweeps them, and nothing else: not a live process's,
+    not a name from before the process was written into it, not a link made to look like one."""
+    make = "from autograder.sandbox import new_scratch; print(new_scratch('student'))"
+    made = subprocess.run([sys.executable, "-c", make], env={**os.environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    killed = Path(made.stdout.strip())  # its process has ended without removing it
+    (killed / "kernel-abc").mkdir()
+    (killed / "kernel-abc" / "answers.py").write_text("a student's work")
+    reused = tmp_path / f"alibi-student-{os.getpid()}-1-abcdefgh"  # this pid, another start time: a pid reused
+    reused.mkdir()
+    untagged = tmp_path / "alibi-kernel-2tkwv2b5"  # an older grader's name: no process to ask
+    untagged.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "alibi-student-1-1-linklink"  # names a process long gone, but is a link: never followed
+    link.symlink_to(elsewhere)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live = new_scratch("kernel")
+    assert live.parent == tmp_path and killed.parent == tmp_path
+    assert not killed.exists() and not reused.exists()
+    assert live.is_dir() and untagged.is_dir() and elsewhere.is_dir() and link.is_symlink()
+    assert sweep_scratch(tmp_path) == [] and live.is_dir()  # this process is alive
