@@ -18,6 +18,16 @@ from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_imp
 from alibi_ref.strided import bias_row, causal_block, hankel_view, last_row_fits, strided_alibi_attention
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[bool]:
+    """torch's fused kernel, still run, each call noted (its is_causal flag): which form a path took."""
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
+    return calls
+
+
 def test_the_bias_is_a_strided_view_of_one_row_once_the_queries_are_reversed():
     slopes = torch.tensor([0.5, 0.25, -0.1, 1 / 3], dtype=torch.float64)
     for q_len, k_len, causal in [(6, 6, False), (6, 6, True), (2, 7, True), (7, 3, False), (1, 5, True)]:
@@ -93,13 +103,9 @@ def test_the_one_call_causal_form_passes_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(lambda q, k, v: strided_alibi_attention(q, k, v, slopes, 0.4, True, 2), inputs)
 
 
-def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(monkeypatch):
+def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(kernel_calls):
     """torch's fused kernel refuses a mask that needs a gradient (its math path would build every weight):
     the attention runs with the slopes detached, one kernel call here, and SlopesGradient gives them theirs."""
-    calls = []
-    kernel = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 4, 300, 8, generator=gen) for _ in range(3))
     grads = {}
@@ -107,9 +113,9 @@ def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(
         slopes = torch.tensor(get_slopes(4), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
                               requires_grad=True)
         assert not last_row_fits(q.to(dtype), v.to(dtype), slopes, True, 0.0)  # as they come: refused
-        calls.clear()
+        kernel_calls.clear()
         out = alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True, impl="strided")
-        assert calls == ([True] if dtype == torch.bfloat16 else [False] * 4)  # float64: 75-row blocks
+        assert kernel_calls == ([True] if dtype == torch.bfloat16 else [False] * 4)  # float64: 75-row blocks
         (grads[dtype],) = torch.autograd.grad((out.double() * v.double()).sum(), slopes)
     assert grads[torch.float64].abs().min() > 1e-2  # every slope matters here
     torch.testing.assert_close(grads[torch.bfloat16].double(), grads[torch.float64], rtol=3e-2, atol=3e-2)
@@ -184,7 +190,7 @@ def test_strided_runs_16_bit_inputs_forward_and_backward(block):
                 assert error < grad_bound, f"{dtype}, causal={causal}: d{name} off by {error:.2e}"
 
 
-def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below_their_precision(monkeypatch):
+def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below_their_precision(kernel_calls):
     def fits(dtype=torch.bfloat16, n=600, k_len=None, d_v=32, dropout_p=0.0, causal=True, slope=0.5):
         q = torch.zeros(2, 8, n, 32, dtype=dtype)
         v = torch.zeros(2, 8, k_len or n, d_v, dtype=dtype)
@@ -200,23 +206,19 @@ def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below
     assert fits(torch.bfloat16, n=32769) and not fits(torch.bfloat16, n=32770)
     assert fits(torch.float16, n=4098, slope=0.25) and fits(torch.float16, n=4097, slope=-0.5)
 
-    calls = []
-    kernel = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 8, 1100, 16, generator=gen) for _ in range(3))
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
     for dtype, expected in [(torch.bfloat16, [True]), (torch.float32, [False] * 5)]:
-        calls.clear()
+        kernel_calls.clear()
         alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True)
-        assert calls == expected, dtype  # float32: 256-row blocks of the reversed queries
+        assert kernel_calls == expected, dtype  # float32: 256-row blocks of the reversed queries
     # grouped-query attention (8 query heads on 2 KV heads) in the one call, against float64's naive path
     k, v = k[:, :2], v[:, :2]
     reference = alibi_attention(q.double(), k.double(), v.double(), slopes.double(), causal=True, impl="naive")
-    calls.clear()
+    kernel_calls.clear()
     out = alibi_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), slopes, causal=True)
-    assert calls == [True] and (out.double() - reference).abs().max() < 2e-2
+    assert kernel_calls == [True] and (out.double() - reference).abs().max() < 2e-2
 
 
 def test_learned_slopes_get_the_same_gradient_through_the_strided_view():
