@@ -109,7 +109,8 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
                             dropout_p: float = 0.0):
     """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
 
-    ``slopes`` in the dtype the bias should have (float32 for 16-bit inputs); ``block``: reversed
+    ``slopes`` in the dtype the bias is built in (float32 for 16-bit inputs; off the CPU the bias is
+    handed to the kernel in q's dtype, as CUDA's kernels need); ``block``: reversed
     query rows per kernel call under a causal mask, ``causal_block`` unless given (unless given, a
     call ``last_row_fits`` takes runs as one kernel call instead). ``dropout_p``: the kernel's
     attention dropout.
@@ -136,8 +137,11 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
             # to its math path, which refuses a mask with is_causal: the blocks below do it instead
             if "is_causal" not in str(refused):
                 raise
-    # float32 bias for 16-bit inputs: the kernel adds it in its float32 accumulator
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
+    if q.device.type != "cpu":
+        # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
+        # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
+        row = row.to(q.dtype)
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i
     blocks, start = [], 0
     while start < q_len:
