@@ -267,6 +267,48 @@ def test_switching_the_guard_off_is_caught():
     assert guard.call is None
 
 
+def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    def in_a_thread(n, max_bias=8.0):
+        box = []
+        worker = threading.Thread(target=lambda: box.append(get_slopes(n, max_bias=max_bias)))
+        worker.start()
+        worker.join()
+        return box[0]
+
+    def in_a_pool(n, max_bias=8.0):
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(get_slopes, n, max_bias=max_bias).result()
+
+    fn, _ = answer("paper_slopes")
+    lasting, calls = ThreadPoolExecutor(1), []
+
+    def in_a_pool_kept(n, max_bias=8.0):
+        calls.append(n)
+        if len(calls) == 1:  # the first call starts the thread and answers honestly; the next ones reuse it
+            lasting.submit(int).result()
+            return fn(n, max_bias)
+        return lasting.submit(get_slopes, n, max_bias=max_bias).result()
+
+    for route in (in_a_thread, in_a_pool, in_a_pool_kept):
+        v = verdict("paper_slopes", route)
+        assert not v.passed and "calls alibi_ref.slopes.get_slopes (in a thread the answer started)" in v.message, v
+    # an honest answer that uses a thread of its own for its own code is not failed for it
+    with ThreadPoolExecutor(1) as pool:
+        assert verdict("paper_slopes", lambda n, max_bias=8.0: pool.submit(fn, n, max_bias).result()).passed
+    lasting.shutdown()
+    assert threading.getprofile() is None  # the guard leaves threads as it found them
+
+    def switches_threads_off(n, max_bias=8.0):
+        threading.setprofile(None)
+        return fn(n, max_bias)
+
+    v = verdict("paper_slopes", switches_threads_off)
+    assert not v.passed and "profiler was switched off" in v.message
+
+
 # ----------------------------------------------------------------------------- in the grader: JudgeChecks
 
 def _graded_cell(source, outputs):

@@ -28,6 +28,7 @@ import math
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -223,8 +224,11 @@ _ANY_LENT = _lend(len)  # every lent function runs this one wrapper's code: trus
 class ReferenceGuard:
     """Records the first call into the reference made while active, however it was reached.
 
-    A profile hook sees every Python-level call. What runs inside a ``trusted`` function (a course
-    helper the notebook allows, or what the check itself lent the answer: ``_lend``) is not counted.
+    A profile hook sees every Python-level call, in the answer's thread and in every thread started
+    through ``threading`` while a guard runs. What runs inside a ``trusted`` function (a course
+    helper the notebook allows, or what the check itself lent the answer: ``_lend``) is not counted;
+    in another thread nothing is trusted. (Threads started before, or through ``_thread``, are not
+    watched: the screen flags every use of those modules in an answer, autograder/screen.py.)
     """
 
     def __init__(self, trusted=()):
@@ -239,15 +243,31 @@ class ReferenceGuard:
             self.call = _qualified_name(frame.f_code)
 
     def __enter__(self):
-        self._previous = sys.getprofile()
+        self._previous = sys.getprofile(), threading.getprofile()
+        _ACTIVE.append(self)
+        threading.setprofile(_in_other_thread)
         sys.setprofile(self._hook)
         return self
 
     def __exit__(self, *exc):
-        if sys.getprofile() != self._hook and self.call is None:
+        switched = sys.getprofile() != self._hook or threading.getprofile() is not _in_other_thread
+        if switched and self.call is None:
             self.call = SWITCHED_OFF
-        sys.setprofile(self._previous)
+        sys.setprofile(self._previous[0])
+        threading.setprofile(self._previous[1])
+        _ACTIVE.remove(self)
         return False
+
+
+_ACTIVE: list[ReferenceGuard] = []  # the guards now running, innermost last
+
+
+def _in_other_thread(frame, event, arg):
+    """The hook of every thread started while a guard runs. It stays with the thread, so a thread an
+    answer starts in one call and uses in the next reports to the guard running then."""
+    guard = _ACTIVE[-1] if _ACTIVE else None
+    if guard is not None and event == "call" and guard.call is None and is_reference_code(frame.f_code.co_filename):
+        guard.call = f"{_qualified_name(frame.f_code)} (in a thread the answer started)"
 
 
 # ----------------------------------------------------------------------------- running the answer (in the kernel)
