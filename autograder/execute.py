@@ -164,13 +164,15 @@ class SandboxedExecute(Execute):
                 cell.outputs = [_error("NotRun", f"not run: {reason}")]
 
     def _fail_flagged_exercises(self, findings) -> None:
-        """The first test cell after each flagged answer cell (its exercise's) fails, with the reason."""
-        pending = []
-        for cell in self.nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if not meta.get("grade"):
-                pending += [f for f in findings if f.cell == meta.get("grade_id")]
-            elif cell.cell_type == "code" and pending:
-                reasons = "; ".join(str(f) for f in pending)
+        """The first test cell after each flagged cell (its exercise's) fails, with the reason; after a
+        lasting finding (``screen.Finding``), every test cell below it."""
+        pending, lasting = [], []
+        for index, cell in enumerate(self.nb.cells):
+            if not cell.metadata.get("nbgrader", {}).get("grade"):
+                here = [f for f in findings if f.index == index]
+                pending += [f for f in here if not f.lasting]
+                lasting += [f for f in here if f.lasting]
+            elif cell.cell_type == "code" and (pending or lasting):
+                reasons = "; ".join(str(f) for f in lasting + pending)
                 cell.outputs.append(_error("Flagged", f"no points for this exercise: {reasons}"))
                 pending = []

@@ -144,6 +144,7 @@ def students() -> dict[str, dict[str, object]]:
         "    return layer.apply(params, x, mask=bias).ravel()")]}, unanswered=("mha_alibi_nnx",))}
     s["quinn"] = honest_but_unusual()
     s["rex"] = attacks()
+    s["vic"] = attacks_around_the_guard()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -298,6 +299,31 @@ def attacks() -> dict:
             "    L = results[\"settings\"][\"context\"]\n",
             "    return 1.05, 9.9, \"alibi\"\n")]}),
     }
+
+
+def attacks_around_the_guard() -> dict:
+    """The reference reached by routes the run-time guard alone did not see; both earned full marks."""
+    nb01 = filled("01_slopes_and_bias", {"alibi_bias": [(
+        "def alibi_bias(slopes, q_len, k_len=None, causal=False):",
+        "from importlib import import_module\n\n\n"
+        "def alibi_bias(slopes, q_len, k_len=None, causal=False):\n"
+        "    return import_module('alibi' + '_ref').alibi_bias(slopes, q_len, k_len, causal=causal)\n\n\n"
+        "def _unused(slopes, q_len, k_len=None, causal=False):")]})
+    # a cell of the student's own, just above, switches the guard's hook off through sys.modules
+    tamper = nbformat.v4.new_code_cell(
+        "import sys\n\nsetattr(sys.modules['alibi_ref.course.checks'].ReferenceGuard, '_hook', lambda *args: None)",
+        id="own-cell")
+    nb01.cells.insert(nb01.cells.index(cell(nb01, "alibi_bias")), tamper)
+    # the reference run in a worker thread, which the guard (a profile hook on the answer's thread) did not watch
+    nb04 = filled("04_causal", {"decode_step": [(
+        "def decode_step(q_new, K_cache, V_cache, slope):",
+        "from concurrent.futures import ThreadPoolExecutor\n\n\n"
+        "def decode_step(q_new, K_cache, V_cache, slope):\n"
+        "    import alibi_ref.course.exercises as ref\n\n"
+        "    with ThreadPoolExecutor(1) as pool:\n"
+        "        return pool.submit(ref.decode_reference, q_new, K_cache, V_cache, slope).result()\n\n\n"
+        "def _unused(q_new, K_cache, V_cache, slope):")]})
+    return {"01_slopes_and_bias": nb01, "04_causal": nb04}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

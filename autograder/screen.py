@@ -11,7 +11,14 @@ what no answer needs and only a reach for the reference or around that guard doe
 - assigning to an attribute of anything imported from ``alibi_ref`` (the checks, the guard);
 - switching the profiler off (``sys.setprofile``, ``sys.settrace``: the guard is a profile hook);
 - reading a function's or frame's insides (``__globals__``, ``__code__``, ``f_back``...), the
-  way to the reference and the hidden cases' generators without an import.
+  way to the reference and the hidden cases' generators without an import;
+- the other ways around the import rule and the guard, none of which an exercise needs: reaching
+  a module without an import statement (``sys.modules``, ``importlib``, ``__import__``), running
+  code in another thread or process (``threading``, ``concurrent.futures``, ``subprocess``,
+  ``os.system``...: the guard watches the answer's own thread), walking the interpreter's objects
+  or frames (``gc``, ``ctypes``, ``inspect.stack``, ``sys._getframe``), running code built at run
+  time (``exec``, ``eval``, ``compile``), setting attributes through ``setattr`` (outside a class's
+  own ``self``), and private names of the course's helpers (``checks._lend``).
 """
 
 from __future__ import annotations
@@ -25,14 +32,45 @@ HELPERS = {"alibi_ref.course.examples", "alibi_ref.course.plots", "alibi_ref.cou
 GUARD_SWITCHES = {"setprofile", "settrace", "setprofile_all_threads", "settrace_all_threads"}
 INSIDES = {"__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__", "__dict__", "__self__",
            "__func__", "__wrapped__", "__defaults__", "__kwdefaults__", "f_back", "f_globals", "f_locals",
-           "f_builtins", "f_code", "gi_frame", "gi_code", "cr_frame", "ag_frame", "tb_frame", "tb_next", "co_consts"}
+           "f_builtins", "f_code", "gi_frame", "gi_code", "cr_frame", "ag_frame", "tb_frame", "tb_next", "co_consts",
+           "__setattr__", "__delattr__", "__import__", "__loader__", "__spec__"}
+# modules whose every use goes around the import rule or the guard, and what each use does
+AROUND = {
+    **dict.fromkeys(["importlib", "runpy", "pkgutil", "imp", "zipimport", "builtins"],
+                    "reaches modules without an import statement"),
+    **dict.fromkeys(["threading", "_thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "pty"],
+                    "runs code in another thread or process"),
+    **dict.fromkeys(["gc", "ctypes"], "walks the interpreter's objects"),
+}
+# single functions of modules an answer may otherwise use
+AROUND_NAMES = {
+    "sys.modules": "reaches modules without an import statement",
+    **dict.fromkeys(["sys._getframe", "sys._current_frames", "inspect.currentframe", "inspect.stack", "inspect.trace",
+                     "inspect.getouterframes", "inspect.getinnerframes", "inspect.getmembers", "inspect.getmodule",
+                     "inspect.getclosurevars"], "walks the interpreter's frames or objects"),
+    **dict.fromkeys([f"os.{name}" for name in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp",
+                                                "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve",
+                                                "spawnvp", "spawnvpe", "execl", "execle", "execlp", "execlpe", "execv",
+                                                "execve", "execvp", "execvpe")],
+                    "runs code in another process"),
+}
+BUILTINS = {
+    **dict.fromkeys(["exec", "eval", "compile"], "runs code built at run time, which the screen cannot read"),
+    "__import__": "reaches modules without an import statement",
+    "__builtins__": "reaches modules without an import statement",
+    "vars": "reads the insides of an object (vars)",
+}
 
 
 @dataclass(frozen=True)
 class Finding:
-    cell: str  # the answer cell's grade_id
+    cell: str  # the answer cell's grade_id, or "a cell you added (cell N)"
     line: int
     reason: str
+    index: int = -1  # the cell's position in the notebook
+    # fails every exercise after the cell, not only its own: what it does (a guard switched off, a module
+    # patched through sys.modules, a thread left running) lasts for the rest of the notebook
+    lasting: bool = False
 
     def __str__(self) -> str:
         return f"cell {self.cell!r}, line {self.line}: {self.reason}"
@@ -63,8 +101,8 @@ def _current_name(name: str) -> str:
     return f"{PACKAGE}.course.{last}" if head == PACKAGE and last in _MOVED_TO_COURSE else name
 
 
-def _reaches(tree: ast.AST, modules: set[str]) -> list[tuple[int, str]]:
-    """(line, what) for every reach around the checks: see the module's docstring."""
+def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tuple[int, str, bool]]:
+    """(line, what, lasting) for every reach around the checks: see the module's docstring and ``Finding``."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -74,11 +112,88 @@ def _reaches(tree: ast.AST, modules: set[str]) -> list[tuple[int, str]]:
                 while isinstance(root, (ast.Attribute, ast.Subscript)):
                     root = root.value
                 if target is not root and isinstance(root, ast.Name) and root.id in modules:
-                    found.append((node.lineno, f"changes {root.id}, which comes from alibi_ref"))
+                    found.append((node.lineno, f"changes {root.id}, which comes from alibi_ref", True))
         elif isinstance(node, ast.Attribute) and node.attr in GUARD_SWITCHES | INSIDES:
             what = "switches the profiler" if node.attr in GUARD_SWITCHES else "reads the insides of"
-            found.append((node.lineno, f"{what} ({node.attr}), which no exercise needs"))
-    return found
+            found.append((node.lineno, f"{what} ({node.attr}), which no exercise needs", node.attr in GUARD_SWITCHES))
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and _root(node) in modules:
+            found.append((node.lineno, f"uses {node.attr}, a private part of the course's machinery", True))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{a.name}" for a in node.names] if node.level == 0 and node.module else [])
+            found += [(node.lineno, what, True) for what in map(_around, names) if what]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == PACKAGE:
+                found += [(node.lineno, f"imports {a.name}, a private part of the course's machinery", True)
+                          for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
+            what = _around(_dotted(node, bound))
+            if what:
+                found.append((node.lineno, what, True))
+        if isinstance(node, ast.Name) and node.id == "__builtins__":
+            found.append((node.lineno, f"{BUILTINS[node.id]} (__builtins__), which no exercise needs", True))
+        elif isinstance(node, ast.Call):
+            found += [(node.lineno, what, True) for what in [_builtin_call(node)] if what]
+    return sorted(set(found))
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _bound_modules(trees) -> dict[str, str]:
+    """name -> the dotted name an import anywhere in the notebook binds it to (``import numpy as np``: np -> numpy)."""
+    bound = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound |= {a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                          for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                bound |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+    return bound
+
+
+def _dotted(node: ast.AST, bound: dict[str, str]) -> str | None:
+    """``torch.multiprocessing.Process`` for an expression rooted in an imported name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in bound:
+        return None
+    return ".".join([bound[node.id], *reversed(parts)])
+
+
+def _around(dotted: str | None) -> str | None:
+    """What reaching ``dotted`` (a module or something in one) does around the checks, or None."""
+    if not dotted:
+        return None
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if part in AROUND:
+            return f"{AROUND[part]} ({'.'.join(parts[:i + 1])}), which no exercise needs"
+        for name, what in AROUND_NAMES.items():
+            if parts[i:i + 2] == name.split("."):
+                return f"{what} ({name}), which no exercise needs"
+    return None
+
+
+def _builtin_call(call: ast.Call) -> str | None:
+    """What a call of a builtin does around the checks (exec, setattr outside self, ...), or None."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    name, args = call.func.id, call.args
+    if name in BUILTINS and (name != "vars" or args):
+        return f"{BUILTINS[name]} ({name}), which no exercise needs"
+    if name in ("setattr", "delattr") and not (args and isinstance(args[0], ast.Name) and args[0].id == "self"):
+        return f"sets an attribute through {name} (outside a class's own self), which no exercise needs"
+    if name in ("getattr", "hasattr", "setattr", "delattr") and len(args) > 1 and isinstance(args[1], ast.Constant):
+        attribute = str(args[1].value)
+        if attribute in GUARD_SWITCHES | INSIDES or _around(f"sys.{attribute}"):
+            return f"reads the insides of an object ({attribute}), which no exercise needs"
+    return None
 
 
 def _parse(cell):
@@ -89,26 +204,33 @@ def _parse(cell):
 
 
 def screen_notebook(nb) -> list[Finding]:
-    """Findings for the notebook's answer cells (nbgrader solution cells of code)."""
+    """Findings for the code cells a student writes: the answer cells (nbgrader solution cells) and any
+    cell of their own (no nbgrader metadata: added, or pasted in). In a cell of the student's own every
+    finding lasts (``Finding.lasting``); in an answer cell, those that go around the guard do."""
     handed_out = set(HELPERS)
     modules = {PACKAGE}  # names bound by an import from alibi_ref anywhere in the notebook
-    answers = []
-    for cell in nb.cells:
+    trees, written = [], []
+    for index, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         tree = _parse(cell) if cell.cell_type == "code" else None
         if tree is None:
             continue
+        trees.append(tree)
         imports = _imports(tree)
         modules |= {bound for _, bound, _ in imports}
         if meta.get("solution") and not meta.get("grade"):
-            answers.append((meta.get("grade_id", "?"), tree, imports))
-        elif meta.get("locked"):
+            written.append((index, meta.get("grade_id", "?"), False, tree, imports))
+        elif not (meta.get("locked") or meta.get("grade") or meta.get("solution")):
+            written.append((index, f"a cell you added (cell {index + 1})", True, tree, imports))
+        else:
             handed_out |= {name for name, _, _ in imports}
+    bound = _bound_modules(trees)
     findings = []
-    for grade_id, tree, imports in answers:
+    for index, label, own, tree, imports in written:
         for name, _, line in imports:
             if not any(name == ok or name.startswith(ok + ".") for ok in handed_out):
-                findings.append(Finding(grade_id, line, f"imports {name} from the reference module; this notebook "
-                                                        "asks you to write it yourself"))
-        findings += [Finding(grade_id, line, what) for line, what in _reaches(tree, modules)]
+                findings.append(Finding(label, line, f"imports {name} from the reference module; this notebook "
+                                                     "asks you to write it yourself", index, own))
+        findings += [Finding(label, line, what, index, own or lasting) for line, what, lasting
+                     in _reaches(tree, modules, bound)]
     return findings

@@ -65,6 +65,9 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "the code in cell 7 ended the kernel (exit() or quit())" in reasons["hal", "02_worked_example"]
     assert "changes c, which comes from alibi_ref" in reasons["rex", "01_slopes_and_bias"]
     assert "switches the profiler" in reasons["rex", "03_slope_zero"]
+    assert "a cell you added (cell 16)', line 3: reaches modules without an import statement (sys.modules)" in (
+        reasons["vic", "01_slopes_and_bias"])
+    assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
     assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
     assert "bonus" in reasons["pat", "02_worked_example"]

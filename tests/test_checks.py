@@ -392,6 +392,12 @@ def _notebook_with_answer(source):
     "np.testing.assert_allclose = print\n\ndef softmax(x):\n    return x",  # harmless now: nothing judges there
     "from alibi_ref.course import plots\nfrom alibi_ref.course.checks import check\n\ndef softmax(x):\n    return x",
     "def check(x):\n    return x\n\ndef softmax(x):\n    return x",  # a helper named check: the tests import their own
+    # names that only look like the flagged ones
+    "import torch.nn as nn\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        setattr(self, 'w', nn.Linear(2, 2))\n\ndef softmax(x):\n    return torch.stack([x]).sum(0) + len("
+    "list(Net().modules()))",
+    "import inspect, os\n\ndef softmax(x):\n    assert 'x' in inspect.signature(softmax).parameters\n"
+    "    return getattr(np, 'exp')(x) / os.path.basename('a') + len(vars())",
 ])
 def test_honest_answers_are_not_flagged(source):
     assert screen_notebook(_notebook_with_answer(source)) == []
@@ -404,10 +410,47 @@ def test_honest_answers_are_not_flagged(source):
     ("import alibi_ref.course.checks as c\nc.judge = print", "changes c"),
     ("import sys\nsys.setprofile(None)", "switches the profiler"),
     ("def softmax(x):\n    return check.__globals__", "reads the insides"),
+    # around the import rule and the guard: measured to earn full points before they were flagged
+    ("import sys\nsetattr(sys.modules['alibi_ref.course.checks'].ReferenceGuard, '_hook', print)",
+     "reaches modules without an import statement (sys.modules)"),
+    ("from importlib import import_module\nref = import_module('alibi' + '_ref')", "(importlib)"),
+    ("import concurrent.futures as cf\n\ndef softmax(x):\n    return cf.ThreadPoolExecutor(1)", "another thread"),
+    # and their relatives
+    ("import os\nos.sys.modules", "(sys.modules)"),
+    ("from sys import modules", "(sys.modules)"),
+    ("ref = __import__('alibi_ref')", "(__import__)"),
+    ("x = __builtins__", "(__builtins__)"),
+    ("import torch\np = torch.multiprocessing.Process", "(torch.multiprocessing)"),
+    ("import threading as t\nt.Thread(target=print)", "(threading)"),
+    ("import os\nos.system('python -c 1')", "another process"),
+    ("import gc\nrefs = gc.get_referrers(check)", "(gc)"),
+    ("import inspect\nframe = inspect.stack()[1]", "(inspect.stack)"),
+    ("import sys\nframe = sys._getframe(1)", "(sys._getframe)"),
+    ("exec('x = 1')", "(exec)"),
+    ("f = eval('lambda x: x')", "(eval)"),
+    ("from alibi_ref.course import plots\nsetattr(plots, 'x', 1)", "sets an attribute through setattr"),
+    ("g = getattr(check, '__globals__')", "reads the insides of an object (__globals__)"),
+    ("d = vars(check)", "(vars)"),
+    ("from alibi_ref.course.checks import _lend", "imports _lend, a private part"),
+    ("from alibi_ref.course import checks\nf = checks._lend", "uses _lend, a private part"),
 ])
 def test_reaching_for_the_reference_is_flagged(source, reason):
     findings = screen_notebook(_notebook_with_answer(source))
     assert any(reason in str(f) for f in findings), [str(f) for f in findings]
+
+
+def test_a_cell_of_the_students_own_is_screened_and_its_findings_last():
+    nb = _notebook_with_answer("def softmax(x):\n    return x")
+    own = nbformat.v4.new_code_cell("import sys\nsys.modules['alibi_ref.course.checks'].check = print")
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
+    nb.cells.insert(at, own)
+    findings = screen_notebook(nb)
+    expected = [(f"a cell you added (cell {at + 1})", at, True)]
+    assert [(f.cell, f.index, f.lasting) for f in findings] == expected, findings
+    # in an answer cell: going around the guard lasts, reading the insides or importing the reference does not
+    for source, lasting in [("import sys\nm = sys.modules", True), ("import sys\nsys.setprofile(None)", True),
+                            ("f = check.__globals__", False), ("from alibi_ref import get_slopes", False)]:
+        assert [f.lasting for f in screen_notebook(_notebook_with_answer(source))] == [lasting], source
 
 
 FLAX_MHA = """
