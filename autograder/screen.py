@@ -132,7 +132,7 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
         if isinstance(node, ast.Name) and node.id == "__builtins__":
             found.append((node.lineno, f"{BUILTINS[node.id]} (__builtins__), which no exercise needs", True))
         elif isinstance(node, ast.Call):
-            found += [(node.lineno, what, True) for what in [_builtin_call(node)] if what]
+            found += [(node.lineno, *found_here) for found_here in [_builtin_call(node)] if found_here]
     return sorted(set(found))
 
 
@@ -180,19 +180,23 @@ def _around(dotted: str | None) -> str | None:
     return None
 
 
-def _builtin_call(call: ast.Call) -> str | None:
-    """What a call of a builtin does around the checks (exec, setattr outside self, ...), or None."""
+def _builtin_call(call: ast.Call) -> tuple[str, bool] | None:
+    """(what, lasting) for a call of a builtin that goes around the checks (exec, setattr outside self, ...)."""
     if not isinstance(call.func, ast.Name):
         return None
     name, args = call.func.id, call.args
-    if name in BUILTINS and (name != "vars" or args):
-        return f"{BUILTINS[name]} ({name}), which no exercise needs"
+    if name == "vars" and args:
+        return f"{BUILTINS[name]}, which no exercise needs", False
+    if name in BUILTINS and name != "vars":
+        return f"{BUILTINS[name]} ({name}), which no exercise needs", True
     if name in ("setattr", "delattr") and not (args and isinstance(args[0], ast.Name) and args[0].id == "self"):
-        return f"sets an attribute through {name} (outside a class's own self), which no exercise needs"
-    if name in ("getattr", "hasattr", "setattr", "delattr") and len(args) > 1 and isinstance(args[1], ast.Constant):
+        return f"sets an attribute through {name} (outside a class's own self), which no exercise needs", True
+    if name in ("getattr", "hasattr") and len(args) > 1 and isinstance(args[1], ast.Constant):
         attribute = str(args[1].value)
-        if attribute in GUARD_SWITCHES | INSIDES or _around(f"sys.{attribute}"):
-            return f"reads the insides of an object ({attribute}), which no exercise needs"
+        if attribute in GUARD_SWITCHES:
+            return f"switches the profiler ({attribute}), which no exercise needs", True
+        if attribute in INSIDES or _around(f"sys.{attribute}"):
+            return f"reads the insides of an object ({attribute}), which no exercise needs", False
     return None
 
 
@@ -205,8 +209,9 @@ def _parse(cell):
 
 def screen_notebook(nb) -> list[Finding]:
     """Findings for the code cells a student writes: the answer cells (nbgrader solution cells) and any
-    cell of their own (no nbgrader metadata: added, or pasted in). In a cell of the student's own every
-    finding lasts (``Finding.lasting``); in an answer cell, those that go around the guard do."""
+    cell of their own (no nbgrader metadata: added, or pasted in). A cell of the student's own is held
+    only to what lasts (``Finding.lasting``): there, importing the reference to compare an answer with it,
+    or looking inside an object, is study, and the guard still fails any answer that calls the reference."""
     handed_out = set(HELPERS)
     modules = {PACKAGE}  # names bound by an import from alibi_ref anywhere in the notebook
     trees, written = [], []
@@ -227,10 +232,10 @@ def screen_notebook(nb) -> list[Finding]:
     bound = _bound_modules(trees)
     findings = []
     for index, label, own, tree, imports in written:
-        for name, _, line in imports:
+        for name, _, line in imports if not own else ():
             if not any(name == ok or name.startswith(ok + ".") for ok in handed_out):
                 findings.append(Finding(label, line, f"imports {name} from the reference module; this notebook "
-                                                     "asks you to write it yourself", index, own))
-        findings += [Finding(label, line, what, index, own or lasting) for line, what, lasting
-                     in _reaches(tree, modules, bound)]
+                                                     "asks you to write it yourself", index))
+        findings += [Finding(label, line, what, index, lasting) for line, what, lasting
+                     in _reaches(tree, modules, bound) if lasting or not own]
     return findings

@@ -430,7 +430,8 @@ def test_honest_answers_are_not_flagged(source):
     ("f = eval('lambda x: x')", "(eval)"),
     ("from alibi_ref.course import plots\nsetattr(plots, 'x', 1)", "sets an attribute through setattr"),
     ("g = getattr(check, '__globals__')", "reads the insides of an object (__globals__)"),
-    ("d = vars(check)", "(vars)"),
+    ("d = vars(check)", "reads the insides of an object (vars)"),
+    ("switch = getattr(sys, 'setprofile')", "switches the profiler (setprofile)"),
     ("from alibi_ref.course.checks import _lend", "imports _lend, a private part"),
     ("from alibi_ref.course import checks\nf = checks._lend", "uses _lend, a private part"),
 ])
@@ -439,11 +440,13 @@ def test_reaching_for_the_reference_is_flagged(source, reason):
     assert any(reason in str(f) for f in findings), [str(f) for f in findings]
 
 
-def test_a_cell_of_the_students_own_is_screened_and_its_findings_last():
+def test_a_cell_of_the_students_own_is_held_to_what_lasts():
     nb = _notebook_with_answer("def softmax(x):\n    return x")
-    own = nbformat.v4.new_code_cell("import sys\nsys.modules['alibi_ref.course.checks'].check = print")
     at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
-    nb.cells.insert(at, own)
+    # study: the reference imported to compare with, an object looked inside
+    nb.cells.insert(at, nbformat.v4.new_code_cell("from alibi_ref import get_slopes\nprint(get_slopes(8), vars(Q))"))
+    assert screen_notebook(nb) == []
+    nb.cells.insert(at, nbformat.v4.new_code_cell("import sys\nsys.modules['alibi_ref.course.checks'].check = print"))
     findings = screen_notebook(nb)
     expected = [(f"a cell you added (cell {at + 1})", at, True)]
     assert [(f.cell, f.index, f.lasting) for f in findings] == expected, findings
