@@ -267,6 +267,36 @@ def test_switching_the_guard_off_is_caught():
     assert guard.call is None
 
 
+def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
+    """os.path.abspath, sys.getprofile and the guard's own hook, patched by a cell that ran before the
+    check (the screen flags the last one; these are the routes it might miss)."""
+    import os
+    import sys
+
+    from alibi_ref.course import checks
+
+    monkeypatch.setattr(os.path, "abspath", lambda path: "/elsewhere")
+    monkeypatch.setattr(checks.ReferenceGuard, "_hook", lambda self, frame, event, arg: None)
+
+    class AlwaysEqual:
+        def __eq__(self, other):
+            return True
+
+        def __ne__(self, other):
+            return False
+
+    v = verdict("paper_slopes", lambda n, max_bias=8.0: get_slopes(n, max_bias=max_bias))
+    assert not v.passed and "calls alibi_ref.slopes.get_slopes" in v.message, v.message
+    monkeypatch.setattr(sys, "getprofile", AlwaysEqual)
+
+    def switches_off(n, max_bias=8.0):
+        getattr(sys, "set" + "profile")(None)
+        return get_slopes(n, max_bias=max_bias)
+
+    v = verdict("paper_slopes", switches_off)
+    assert not v.passed and "profiler was switched off" in v.message, v.message
+
+
 def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
     import threading
     from concurrent.futures import ThreadPoolExecutor

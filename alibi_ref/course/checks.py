@@ -183,9 +183,23 @@ class Other:
 
 # ----------------------------------------------------------------------------- the guard against the reference
 
+# what the guard calls, taken at import: an answer may patch os, sys or threading (that is allowed, as
+# nothing is judged in its kernel), and a patched os.path or sys.getprofile must not blind it
+_abspath = os.path.abspath
+_getprofile, _setprofile = sys.getprofile, sys.setprofile
+_threads_getprofile, _threads_setprofile = threading.getprofile, threading.setprofile
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_COURSE_DIR = os.path.join(_PACKAGE_DIR, "course")
-_EXERCISES_FILE = os.path.join(_COURSE_DIR, "exercises.py")
+_INSIDE = _PACKAGE_DIR + os.sep
+_COURSE = os.path.join(_PACKAGE_DIR, "course") + os.sep
+_EXERCISES_FILE = _COURSE + "exercises.py"
+_PARENT = os.path.dirname(_PACKAGE_DIR) + os.sep
+
+
+def _absolute(filename: str) -> str:
+    # a module's code carries the absolute path it was imported from: only str methods on that path,
+    # which no answer can patch (os.path.abspath calls os.path functions an answer could)
+    return filename if filename.startswith(_INSIDE) else _abspath(filename)
 
 
 @functools.lru_cache(maxsize=4096)  # the guard asks for every Python call the answer makes
@@ -195,13 +209,12 @@ def is_reference_code(filename: str) -> bool:
     The course's helpers (its example, plots, the chapter's interface, these checks) are for students;
     ``exercises`` holds a reference for every exercise, so it counts as the reference.
     """
-    filename = os.path.abspath(filename)
-    inside = filename.startswith(_PACKAGE_DIR + os.sep)
-    return inside and (not filename.startswith(_COURSE_DIR + os.sep) or filename == _EXERCISES_FILE)
+    filename = _absolute(filename)
+    return filename.startswith(_INSIDE) and (not filename.startswith(_COURSE) or filename == _EXERCISES_FILE)
 
 
 def _qualified_name(code) -> str:
-    module = os.path.relpath(os.path.abspath(code.co_filename), os.path.dirname(_PACKAGE_DIR))[:-3]
+    module = _absolute(code.co_filename).removeprefix(_PARENT).removesuffix(".py")
     return f"{module.replace(os.sep, '.')}.{code.co_name}"
 
 
@@ -243,22 +256,24 @@ class ReferenceGuard:
             self.call = _qualified_name(frame.f_code)
 
     def __enter__(self):
-        self._previous = sys.getprofile(), threading.getprofile()
+        self._previous = _getprofile(), _threads_getprofile()
         _ACTIVE.append(self)
-        threading.setprofile(_in_other_thread)
-        sys.setprofile(self._hook)
+        _threads_setprofile(_in_other_thread)
+        self._installed = _HOOK.__get__(self)  # the hook as defined here, even if the class was patched since
+        _setprofile(self._installed)
         return self
 
     def __exit__(self, *exc):
-        switched = sys.getprofile() != self._hook or threading.getprofile() is not _in_other_thread
+        switched = _getprofile() is not self._installed or _threads_getprofile() is not _in_other_thread
         if switched and self.call is None:
             self.call = SWITCHED_OFF
-        sys.setprofile(self._previous[0])
-        threading.setprofile(self._previous[1])
+        _setprofile(self._previous[0])
+        _threads_setprofile(self._previous[1])
         _ACTIVE.remove(self)
         return False
 
 
+_HOOK = ReferenceGuard._hook
 _ACTIVE: list[ReferenceGuard] = []  # the guards now running, innermost last
 
 
