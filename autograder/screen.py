@@ -113,6 +113,9 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
                     root = root.value
                 if target is not root and isinstance(root, ast.Name) and root.id in modules:
                     found.append((node.lineno, f"changes {root.id}, which comes from alibi_ref", True))
+                elif _private(target) and not (isinstance(root, ast.Name) and root.id in ("self", "cls")):
+                    found.append((node.lineno, f"changes a private part of an object ({_private(target)}), "
+                                               "which no exercise needs", True))
         elif isinstance(node, ast.Attribute) and node.attr in GUARD_SWITCHES | INSIDES:
             what = "switches the profiler" if node.attr in GUARD_SWITCHES else "reads the insides of"
             found.append((node.lineno, f"{what} ({node.attr}), which no exercise needs", node.attr in GUARD_SWITCHES))
@@ -133,7 +136,21 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
             found.append((node.lineno, f"{BUILTINS[node.id]} (__builtins__), which no exercise needs", True))
         elif isinstance(node, ast.Call):
             found += [(node.lineno, *found_here) for found_here in [_builtin_call(node)] if found_here]
+            if (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) > 1
+                    and not isinstance(node.args[1], ast.Constant) and _root(node.args[0]) in modules):
+                found.append((node.lineno, f"reads an attribute of {_root(node.args[0])}, which comes from alibi_ref, "
+                                           "by a name computed at run time (getattr), which no exercise needs", False))
     return sorted(set(found))
+
+
+def _private(target: ast.AST) -> str | None:
+    """The name of the private attribute or key an assignment target changes (``G._hook``, ``g["_x"]``)."""
+    if isinstance(target, ast.Attribute) and target.attr.startswith("_"):
+        return target.attr
+    key = target.slice if isinstance(target, ast.Subscript) else None
+    if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.startswith("_"):
+        return key.value
+    return None
 
 
 def _root(node: ast.AST) -> str | None:
@@ -236,6 +253,9 @@ def screen_notebook(nb) -> list[Finding]:
             if not any(name == ok or name.startswith(ok + ".") for ok in handed_out):
                 findings.append(Finding(label, line, f"imports {name} from the reference module; this notebook "
                                                      "asks you to write it yourself", index))
-        findings += [Finding(label, line, what, index, lasting) for line, what, lasting
-                     in _reaches(tree, modules, bound) if lasting or not own]
+        said = set()  # one finding per reason and cell: its first line
+        for line, what, lasting in _reaches(tree, modules, bound):
+            if (lasting or not own) and what not in said:
+                said.add(what)
+                findings.append(Finding(label, line, what, index, lasting))
     return findings

@@ -428,6 +428,9 @@ def _notebook_with_answer(source):
     "list(Net().modules()))",
     "import inspect, os\n\ndef softmax(x):\n    assert 'x' in inspect.signature(softmax).parameters\n"
     "    return getattr(np, 'exp')(x) / os.path.basename('a') + len(vars())",
+    "import torch\n\nclass Scaled(torch.nn.Module):\n    def __init__(self, dtype_name):\n        super().__init__()\n"
+    "        self._dtype = getattr(torch, dtype_name)\n        self.cache = {'_last': None}\n\n"
+    "def softmax(x):\n    return x",
 ])
 def test_honest_answers_are_not_flagged(source):
     assert screen_notebook(_notebook_with_answer(source)) == []
@@ -464,6 +467,10 @@ def test_honest_answers_are_not_flagged(source):
     ("switch = getattr(sys, 'setprofile')", "switches the profiler (setprofile)"),
     ("from alibi_ref.course.checks import _lend", "imports _lend, a private part"),
     ("from alibi_ref.course import checks\nf = checks._lend", "uses _lend, a private part"),
+    ("g = getattr(check, '__glob' + 'als__')", "reads an attribute of check"),
+    ("G = get_the_guard()\nG._hook = print", "changes a private part of an object (_hook)"),
+    ("G = get_the_guard()\nG.__enter__ = print", "changes a private part of an object (__enter__)"),
+    ("g = get_globals()\ng['_setprofile'] = print", "changes a private part of an object (_setprofile)"),
 ])
 def test_reaching_for_the_reference_is_flagged(source, reason):
     findings = screen_notebook(_notebook_with_answer(source))
