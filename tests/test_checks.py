@@ -267,6 +267,30 @@ def test_switching_the_guard_off_is_caught():
     assert guard.call is None
 
 
+def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
+    """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
+    __array__ computed the reference once earned full marks, read after the guard had stopped."""
+
+    class Lazy:
+        def __init__(self, *args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+        def __array__(self, dtype=None, copy=None):
+            return np.asarray(get_slopes(*self.args, **self.kwargs), dtype=dtype)
+
+    v = verdict("paper_slopes", Lazy)
+    assert not v.passed and "calls alibi_ref.slopes.get_slopes" in v.message, v.message
+
+    class Loud(Exception):
+        def __str__(self):
+            return str(get_slopes(2))
+
+    def raises(n, max_bias=8.0):
+        raise Loud()
+
+    assert "calls alibi_ref.slopes.get_slopes" in verdict("paper_slopes", raises).message
+
+
 def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
     """os.path.abspath, sys.getprofile and the guard's own hook, patched by a cell that ran before the
     check (the screen flags the last one; these are the routes it might miss)."""

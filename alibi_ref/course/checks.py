@@ -313,16 +313,16 @@ def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False
     elif ex.jax_inputs:
         args = tuple(_to_jax(a, case.input_dtype) for a in args)
         kwargs = {k: _to_jax(v, case.input_dtype) for k, v in kwargs.items()}
-    guard = ReferenceGuard(ex.allowed + ((_ANY_LENT,) if lent else ()))
-    try:
-        with guard:
+    # everything that can run the answer's code stays inside the guard: the call, and reading what came
+    # back (a returned object's __array__, __getitem__ or __str__ is the answer's code too)
+    with ReferenceGuard(ex.allowed + ((_ANY_LENT,) if lent else ())) as guard:
+        try:
             value = ex.adapter(answer, *args, **kwargs) if ex.adapter else answer(*args, **kwargs)
-        encoded = encode(case.pick(value) if case.pick is not None else value)
-    except Exception as err:  # the answer's own error is a result like any other
-        said = str(err)[:300]
-        return {"raised": f"{type(err).__name__}: {said}" if said else type(err).__name__,
-                "reference_call": guard.call, "device": where}
-    return {"value": encoded, "reference_call": guard.call, "device": where}
+            result = {"value": encode(case.pick(value) if case.pick is not None else value)}
+        except Exception as err:  # the answer's own error is a result like any other
+            said = str(err)[:300]
+            result = {"raised": f"{type(err).__name__}: {said}" if said else type(err).__name__}
+    return {**result, "reference_call": guard.call, "device": where}
 
 
 def _with_reference_upstream(answer: Callable, names: list[str]) -> Callable:
