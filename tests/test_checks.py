@@ -20,6 +20,15 @@ from autograder.screen import screen_notebook
 from autograder.verdicts import JudgeChecks, check_calls, source_check_calls
 
 SOLUTION = {
+    "alibi_bias_torch": '''
+def alibi_bias_torch(slopes, q_len, k_len, causal=False):
+    i = torch.arange(q_len, device=slopes.device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=slopes.device)[None, :]
+    bias = -slopes.float()[:, None, None] * (i - j).abs()
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+    return bias.to(slopes.dtype)
+''',
     "paper_slopes": '''
 def paper_slopes(n_heads, max_bias=8.0):
     def geometric(n):
@@ -122,7 +131,8 @@ def test_the_judge_reads_only_values_and_refuses_a_wrong_count():
 # ----------------------------------------------------------------------------- verdicts
 
 def test_the_solutions_pass_visible_and_hidden():
-    for name in ("paper_slopes", "alibi_bias", "softmax", "alibi_head", "decode_step", "causal_alibi_scores"):
+    for name in ("paper_slopes", "alibi_bias", "softmax", "alibi_head", "decode_step", "causal_alibi_scores",
+                 "alibi_bias_torch"):  # its hidden cases read part of the value (a pick) inside the guard
         fn, _ = answer(name)
         for seed in (None, 3):
             v = verdict(name, fn, seed)
@@ -289,6 +299,21 @@ def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
         raise Loud()
 
     assert "calls alibi_ref.slopes.get_slopes" in verdict("paper_slopes", raises).message
+
+
+def test_a_table_of_the_references_values_made_before_the_check_cannot_pass_the_hidden_checks():
+    """The guard watches only the check; a table filled with the reference beforehand (an answer cell may call
+    a course helper that holds it, like plots.get_slopes) would pass hidden cases drawn from a small set.
+    Inputs drawn from a continuum make that table impossible: here a table over every head count to 128 and
+    every whole max_bias to 16, which holds all the visible cases, fails the hidden ones."""
+    table = {(n, float(mb)): get_slopes(n, max_bias=float(mb)) for n in range(1, 129) for mb in range(1, 17)}
+
+    def from_the_table(n, max_bias=8.0):
+        return table[n, float(max_bias)]
+
+    assert verdict("paper_slopes", from_the_table).passed
+    v = verdict("paper_slopes", from_the_table, seed=2022)
+    assert not v.passed and "raised KeyError" in v.message, v.message
 
 
 def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):

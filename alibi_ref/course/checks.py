@@ -244,16 +244,19 @@ class ReferenceGuard:
     watched: the screen flags every use of those modules in an answer, autograder/screen.py.)
     """
 
-    def __init__(self, trusted=()):
+    def __init__(self, trusted=(), excused=()):
         self.call: str | None = None
         self._trusted = {fn.__code__ for fn in trusted}
+        self._excused = {fn.__code__ for fn in excused}  # the check's own code (a case's pick): not counted itself
         self._depth = 0
 
     def _hook(self, frame, event, arg):
-        if frame.f_code in self._trusted:
+        code = frame.f_code
+        if code in self._trusted:
             self._depth += 1 if event == "call" else -1 if event == "return" else 0
-        elif event == "call" and self.call is None and self._depth == 0 and is_reference_code(frame.f_code.co_filename):
-            self.call = _qualified_name(frame.f_code)
+        elif (event == "call" and self.call is None and self._depth == 0 and code not in self._excused
+              and is_reference_code(code.co_filename)):
+            self.call = _qualified_name(code)
 
     def __enter__(self):
         self._previous = _getprofile(), _threads_getprofile()
@@ -315,7 +318,8 @@ def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False
         kwargs = {k: _to_jax(v, case.input_dtype) for k, v in kwargs.items()}
     # everything that can run the answer's code stays inside the guard: the call, and reading what came
     # back (a returned object's __array__, __getitem__ or __str__ is the answer's code too)
-    with ReferenceGuard(ex.allowed + ((_ANY_LENT,) if lent else ())) as guard:
+    trusted = ex.allowed + ((_ANY_LENT,) if lent else ())
+    with ReferenceGuard(trusted, excused=(case.pick,) if case.pick is not None else ()) as guard:
         try:
             value = ex.adapter(answer, *args, **kwargs) if ex.adapter else answer(*args, **kwargs)
             result = {"value": encode(case.pick(value) if case.pick is not None else value)}
