@@ -316,6 +316,26 @@ def test_a_table_of_the_references_values_made_before_the_check_cannot_pass_the_
     assert not v.passed and "raised KeyError" in v.message, v.message
 
 
+def test_a_trusted_helper_that_calls_back_into_the_answer_gives_that_code_no_trust():
+    """07 lends get_slopes to mha_alibi. An int subclass's __lt__, run by get_slopes' own checks, is the
+    answer's code: a reference call from there counts, though it happens inside the lent helper."""
+    from alibi_ref import alibi_bias
+
+    stash = []
+
+    class Heads(int):
+        def __lt__(self, other):
+            stash.append(alibi_bias(get_slopes(int(self)), 3))
+            return int(self) < other
+
+    with ReferenceGuard(trusted=(get_slopes,)) as guard:
+        get_slopes(Heads(4))
+    assert stash and guard.call == "alibi_ref.bias.alibi_bias", guard.call
+    with ReferenceGuard(trusted=(get_slopes,)) as guard:  # what get_slopes itself calls stays trusted
+        get_slopes(6)
+    assert guard.call is None
+
+
 def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
     """os.path.abspath, sys.getprofile and the guard's own hook, patched by a cell that ran before the
     check (the screen flags the last one; these are the routes it might miss)."""

@@ -213,6 +213,18 @@ def is_reference_code(filename: str) -> bool:
     return filename.startswith(_INSIDE) and (not filename.startswith(_COURSE) or filename == _EXERCISES_FILE)
 
 
+# where installed code lives (the standard library, site-packages); frozen modules have "<frozen ...>"
+_INSTALLED = tuple({os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                                     sys.base_exec_prefix)})
+
+
+@functools.lru_cache(maxsize=4096)
+def is_answer_code(filename: str) -> bool:
+    """Code neither alibi_ref's nor installed: a notebook's cells (the student's), or code they compiled."""
+    filename = _absolute(filename)
+    return not (filename.startswith(_INSIDE) or filename.startswith(_INSTALLED) or filename.startswith("<frozen "))
+
+
 def _qualified_name(code) -> str:
     module = _absolute(code.co_filename).removeprefix(_PARENT).removesuffix(".py")
     return f"{module.replace(os.sep, '.')}.{code.co_name}"
@@ -248,14 +260,23 @@ class ReferenceGuard:
         self.call: str | None = None
         self._trusted = {fn.__code__ for fn in trusted}
         self._excused = {fn.__code__ for fn in excused}  # the check's own code (a case's pick): not counted itself
-        self._depth = 0
+        # per frame running now (innermost last): whether it runs on a trusted function's behalf. Trust passes
+        # to what a trusted function calls, but not through the answer's own code: a trusted helper that calls
+        # back into the answer (an int subclass's __lt__, an object's __array__) gives that code no trust
+        self._trust: list[bool] = []
 
     def _hook(self, frame, event, arg):
+        if event == "return":
+            if self._trust:
+                self._trust.pop()
+            return
+        if event != "call":
+            return
         code = frame.f_code
-        if code in self._trusted:
-            self._depth += 1 if event == "call" else -1 if event == "return" else 0
-        elif (event == "call" and self.call is None and self._depth == 0 and code not in self._excused
-              and is_reference_code(code.co_filename)):
+        caller_trusted = bool(self._trust) and self._trust[-1]
+        self._trust.append(code in self._trusted or (caller_trusted and not is_answer_code(code.co_filename)))
+        if (not caller_trusted and self.call is None and code not in self._trusted and code not in self._excused
+                and is_reference_code(code.co_filename)):
             self.call = _qualified_name(code)
 
     def __enter__(self):
