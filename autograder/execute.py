@@ -25,7 +25,7 @@ from traitlets import Bool, Enum, Integer, List, Unicode
 
 from .compile_cache import lend
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
-from .screen import screen_notebook
+from .screen import fail_flagged_exercises, screen_notebook
 from .verdicts import error_output as _error
 
 
@@ -82,7 +82,7 @@ class SandboxedExecute(Execute):
         if stopped_at is not None:
             self._mark_not_run(stopped_at, reason)
         if findings:
-            self._fail_flagged_exercises(findings)
+            fail_flagged_exercises(self.nb, findings)
             status, reason = "flagged", "; ".join(str(f) for f in findings)
         elif status == "timeout" or (status == "graded" and any(self._timed_out(c) for c in self.nb.cells)):
             status, reason = "timeout", self._timeout_reason(stopped_at)
@@ -162,17 +162,3 @@ class SandboxedExecute(Execute):
                 cell.outputs.append(_error("GradingStopped", reason))
             else:
                 cell.outputs = [_error("NotRun", f"not run: {reason}")]
-
-    def _fail_flagged_exercises(self, findings) -> None:
-        """The first test cell after each flagged cell (its exercise's) fails, with the reason; after a
-        lasting finding (``screen.Finding``), every test cell below it."""
-        pending, lasting = [], []
-        for index, cell in enumerate(self.nb.cells):
-            if not cell.metadata.get("nbgrader", {}).get("grade"):
-                here = [f for f in findings if f.index == index]
-                pending += [f for f in here if not f.lasting]
-                lasting += [f for f in here if f.lasting]
-            elif cell.cell_type == "code" and (pending or lasting):
-                reasons = "; ".join(str(f) for f in lasting + pending)
-                cell.outputs.append(_error("Flagged", f"no points for this exercise: {reasons}"))
-                pending = []

@@ -259,3 +259,54 @@ def screen_notebook(nb) -> list[Finding]:
                 said.add(what)
                 findings.append(Finding(label, line, what, index, lasting))
     return findings
+
+
+def flagged_test_cells(nb, findings: list[Finding]) -> dict[int, str]:
+    """{test cell's index: why it fails}: the first test cell after each flagged cell (its exercise's); after a
+    lasting finding, every test cell below it."""
+    failing, pending, lasting = {}, [], []
+    for index, cell in enumerate(nb.cells):
+        if not cell.metadata.get("nbgrader", {}).get("grade"):
+            here = [f for f in findings if f.index == index]
+            pending += [f for f in here if not f.lasting]
+            lasting += [f for f in here if f.lasting]
+        elif cell.cell_type == "code" and (pending or lasting):
+            failing[index] = "no points for this exercise: " + "; ".join(str(f) for f in lasting + pending)
+            pending = []
+    return failing
+
+
+def fail_flagged_exercises(nb, findings: list[Finding]) -> None:
+    """Each flagged test cell (``flagged_test_cells``) fails, with the reason, in an executed notebook."""
+    from .verdicts import error_output
+
+    for index, why in flagged_test_cells(nb, findings).items():
+        nb.cells[index].outputs.append(error_output("Flagged", why))
+
+
+def screen_in_validate() -> None:
+    """Make nbgrader's Validate fail the test cells the screen flags, as grading will.
+
+    Called from the students' nbgrader_config.py. nbgrader's Execute, which Validate runs, uses nbclient's
+    ``on_cell_executed`` hook as a method of its own (to record errors), and Validate's list of
+    preprocessors is not configurable, so the method is wrapped: after nbgrader's own, a flagged test
+    cell gets the Flagged error the autograder gives it. Wrapping twice is a no-op.
+    """
+    from nbgrader.preprocessors import Execute
+
+    recorded = Execute.on_cell_executed
+    if getattr(recorded, "screens", False):
+        return
+
+    def on_cell_executed(self, **kwargs):
+        recorded(self, **kwargs)
+        if getattr(self, "_screened", (None,))[0] is not self.nb:
+            self._screened = self.nb, flagged_test_cells(self.nb, screen_notebook(self.nb))
+        why = self._screened[1].get(kwargs["cell_index"])
+        if why:
+            from .verdicts import error_output
+
+            kwargs["cell"].outputs.append(error_output("Flagged", why))
+
+    on_cell_executed.screens = True
+    Execute.on_cell_executed = on_cell_executed

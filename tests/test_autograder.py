@@ -345,6 +345,24 @@ def test_the_solutions_are_not_flagged():
         assert screen_notebook(nbformat.read(path, as_version=4)) == [], path.name
 
 
+def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
+    """A student's Validate (nbgrader validate in the course folder, as JupyterLab's button runs it) fails
+    the test cells the screen flags, with the reason grading gives; an honest notebook still succeeds."""
+    ada = nbformat.read(SAMPLE / "submissions" / "ada" / "alibi" / "02_worked_example.ipynb", as_version=4)
+    nbformat.write(ada, tmp_path / "honest.ipynb")
+    softmax = next(c for c in ada.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
+    softmax.source = "import sys\n\nsys.modules['alibi_ref.course.checks'].check = print\n" + softmax.source
+    nbformat.write(ada, tmp_path / "flagged.ipynb")
+    said = {}
+    for name in ("honest", "flagged"):
+        run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / f"{name}.ipynb")],
+                             cwd=ROOT / "course", capture_output=True, text=True, check=False)
+        said[name] = run.stdout + run.stderr
+    assert "Success! Your notebook passes all the tests." in said["honest"], said["honest"]
+    assert said["flagged"].count("Flagged: no points for this exercise: cell 'softmax', line 3: reaches modules") == 4
+    assert "Success" not in said["flagged"]
+
+
 # ----------------------------------------------------------------------------- collecting submissions
 
 def test_collect_reads_folders_zips_and_nbgrader_layout(tmp_path):
