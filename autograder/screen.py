@@ -1,4 +1,4 @@
-"""Static screening of answer cells: an answer that reaches for the reference loses its exercise.
+"""Static screening of the cells a student writes: an answer that reaches for the reference loses its exercise.
 
 The verdicts are reached outside the student's kernel (``verdicts.py``), so nothing an answer does
 to the kernel can change one: patching numpy, rebinding names, importing ``sys`` or ``os``, local
@@ -15,10 +15,16 @@ what no answer needs and only a reach for the reference or around that guard doe
 - the other ways around the import rule and the guard, none of which an exercise needs: reaching
   a module without an import statement (``sys.modules``, ``importlib``, ``__import__``), running
   code in another thread or process (``threading``, ``concurrent.futures``, ``subprocess``,
-  ``os.system``...: the guard watches the answer's own thread), walking the interpreter's objects
-  or frames (``gc``, ``ctypes``, ``inspect.stack``, ``sys._getframe``), running code built at run
-  time (``exec``, ``eval``, ``compile``), setting attributes through ``setattr`` (outside a class's
-  own ``self``), and private names of the course's helpers (``checks._lend``).
+  ``os.system``...: the guard watches only the threads started while it runs), walking the
+  interpreter's objects or frames (``gc``, ``ctypes``, ``inspect.stack``, ``sys._getframe``),
+  running code built at run time (``exec``, ``eval``, ``compile``), setting attributes through
+  ``setattr`` or changing private attributes and keys (outside a class's own ``self``), and
+  private names of the course's helpers (``checks._lend``).
+
+Answer cells are held to all of it; cells the student added, to what lasts (``Finding.lasting``).
+A finding fails its exercise's test cell; one that lasts, every test cell after it
+(``flagged_test_cells``). The autograder applies it after running a notebook (``execute.py``),
+and Validate, through the students' nbgrader_config.py, the same way (``screen_in_validate``).
 """
 
 from __future__ import annotations
