@@ -141,11 +141,7 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
         if isinstance(node, ast.Name) and node.id == "__builtins__":
             found.append((node.lineno, f"{BUILTINS[node.id]} (__builtins__), which no exercise needs", True))
         elif isinstance(node, ast.Call):
-            found += [(node.lineno, *found_here) for found_here in [_builtin_call(node)] if found_here]
-            if (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) > 1
-                    and not isinstance(node.args[1], ast.Constant) and _root(node.args[0]) in modules):
-                found.append((node.lineno, f"reads an attribute of {_root(node.args[0])}, which comes from alibi_ref, "
-                                           "by a name computed at run time (getattr), which no exercise needs", False))
+            found += [(node.lineno, *found_here) for found_here in [_builtin_call(node, modules)] if found_here]
     return sorted(set(found))
 
 
@@ -203,8 +199,9 @@ def _around(dotted: str | None) -> str | None:
     return None
 
 
-def _builtin_call(call: ast.Call) -> tuple[str, bool] | None:
-    """(what, lasting) for a call of a builtin that goes around the checks (exec, setattr outside self, ...)."""
+def _builtin_call(call: ast.Call, modules: set[str]) -> tuple[str, bool] | None:
+    """(what, lasting) for a call of a builtin that goes around the checks (exec, setattr outside self, ...).
+    ``modules``: the names bound to something from alibi_ref."""
     if not isinstance(call.func, ast.Name):
         return None
     name, args = call.func.id, call.args
@@ -220,6 +217,10 @@ def _builtin_call(call: ast.Call) -> tuple[str, bool] | None:
             return f"switches the profiler ({attribute}), which no exercise needs", True
         if attribute in INSIDES or _around(f"sys.{attribute}"):
             return f"reads the insides of an object ({attribute}), which no exercise needs", False
+    if name in ("getattr", "hasattr") and len(args) > 1 and not isinstance(args[1], ast.Constant) and (
+            _root(args[0]) in modules):
+        return (f"reads an attribute of {_root(args[0])}, which comes from alibi_ref, by a name computed at run "
+                "time (getattr), which no exercise needs", False)
     return None
 
 
@@ -284,10 +285,14 @@ def flagged_test_cells(nb, findings: list[Finding]) -> dict[int, str]:
 
 def fail_flagged_exercises(nb, findings: list[Finding]) -> None:
     """Each flagged test cell (``flagged_test_cells``) fails, with the reason, in an executed notebook."""
+    for index, why in flagged_test_cells(nb, findings).items():
+        _fail(nb.cells[index], why)
+
+
+def _fail(cell, why: str) -> None:
     from .verdicts import error_output
 
-    for index, why in flagged_test_cells(nb, findings).items():
-        nb.cells[index].outputs.append(error_output("Flagged", why))
+    cell.outputs.append(error_output("Flagged", why))
 
 
 def screen_in_validate() -> None:
@@ -310,9 +315,7 @@ def screen_in_validate() -> None:
             self._screened = self.nb, flagged_test_cells(self.nb, screen_notebook(self.nb))
         why = self._screened[1].get(kwargs["cell_index"])
         if why:
-            from .verdicts import error_output
-
-            kwargs["cell"].outputs.append(error_output("Flagged", why))
+            _fail(kwargs["cell"], why)
 
     on_cell_executed.screens = True
     Execute.on_cell_executed = on_cell_executed

@@ -275,9 +275,13 @@ class ReferenceGuard:
         code = frame.f_code
         caller_trusted = bool(self._trust) and self._trust[-1]
         self._trust.append(code in self._trusted or (caller_trusted and not is_answer_code(code.co_filename)))
-        if (not caller_trusted and self.call is None and code not in self._trusted and code not in self._excused
-                and is_reference_code(code.co_filename)):
-            self.call = _qualified_name(code)
+        if not caller_trusted and code not in self._trusted and code not in self._excused:
+            self.count(code)
+
+    def count(self, code, where: str = "") -> None:
+        """Record ``code``'s call if it is the reference's and the first such call."""
+        if self.call is None and is_reference_code(code.co_filename):
+            self.call = _qualified_name(code) + where
 
     def __enter__(self):
         self._previous = _getprofile(), _threads_getprofile()
@@ -304,9 +308,8 @@ _ACTIVE: list[ReferenceGuard] = []  # the guards now running, innermost last
 def _in_other_thread(frame, event, arg):
     """The hook of every thread started while a guard runs. It stays with the thread, so a thread an
     answer starts in one call and uses in the next reports to the guard running then."""
-    guard = _ACTIVE[-1] if _ACTIVE else None
-    if guard is not None and event == "call" and guard.call is None and is_reference_code(frame.f_code.co_filename):
-        guard.call = f"{_qualified_name(frame.f_code)} (in a thread the answer started)"
+    if _ACTIVE and event == "call":
+        _ACTIVE[-1].count(frame.f_code, " (in a thread the answer started)")
 
 
 # ----------------------------------------------------------------------------- running the answer (in the kernel)
