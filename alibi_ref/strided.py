@@ -17,8 +17,27 @@ and the output rows coming out: two copies of size (H, N, d).
 Causal: the kernel's is_causal keeps the lower triangle of its own (r, j) grid, which after the
 reversal is the wrong one, so the -inf sits in the row (row[h, t] = -inf for t > k_len - 1) and
 each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
-j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle; smaller
-blocks waste less but make the kernel's q tiles smaller (below 768 rows it uses 64-row tiles).
+j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle (torch's
+CPU kernel skips no tile of a float mask); smaller blocks waste less but make the kernel's q tiles
+smaller (below 768 rows it uses 64-row tiles). These blocks run off the CPU, with dropout, and
+where ``block`` is given.
+
+Causal, split at the diagonal (the CPU's default for float32 and float64): each block of
+``SPLIT_ROWS`` reversed rows r0 .. r1 - 1 is cut into the keys all its rows see, j < k_len - r1,
+a rectangle with no -inf in it (one call, 256-row tiles), and the diagonal band beyond, in calls
+of ``BAND_ROWS`` rows shown only the keys their first row sees (a -inf triangle of 64 rows, not
+of 768). Each call p returns its output o_p and the log-sum-exp l_p of its logits, and the
+pieces of a row are one softmax again:
+
+    l = log sum_p exp(l_p),     o = sum_p exp(l_p - l) o_p
+
+The backward pass runs torch's flash backward per call, handed the merged o and l: it recomputes
+P = exp(S - l) (the full softmax's weights on this call's keys) and delta = dO . o, so each call
+gives dk, dv for its keys and its share of dq. Both are torch's own CPU kernels, the ones
+F.scaled_dot_product_attention runs (``aten::_scaled_dot_product_flash_attention_for_cpu``
+and its backward), called directly because the public call returns no log-sum-exp; where they
+are missing, or with dropout (whose mask the backward could not redraw), the blocks run. Exact as
+the blocks are; figures: the README, "What ALiBi costs".
 
 Causal 16-bit inputs need neither the reversal nor the blocks. Under the causal mask query i sees
 j <= i only, where its bias -m (i - j) is the last query's, -m (N - 1 - j), plus m (N - 1 - i):
@@ -27,7 +46,7 @@ broadcast view (stride 0 along i), and the kernel's own is_causal hides the keys
 call, in query order. The price is precision: the logits now reach m (N - 1), which the kernel's
 float32 accumulator rounds to 2^-24 of that; far below a 16-bit output's rounding (taken while it
 stays under a quarter of it, ``last_row_fits``), but 100 times the float32 error of the reversal at
-N = 4096, so float32 keeps the blocks.
+N = 4096, so float32 keeps the reversal (split at the diagonal).
 
 Learned slopes: torch's fused kernel refuses a mask that needs a gradient (its math path would
 build the (B, H, N, N) weights). So the attention runs with the slopes detached, and
@@ -50,6 +69,8 @@ from .bias import bias_from_distances
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
 SCORES_PER_BLOCK = 1 << 22
+# the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), per band call
+SPLIT_ROWS, BAND_ROWS = 768, 64
 
 
 def causal_block(q_len: int, n_keys: int) -> int:
@@ -111,9 +132,9 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
 
     ``slopes`` in the dtype the bias is built in (float32 for 16-bit inputs; off the CPU the bias is
     handed to the kernel in q's dtype, as CUDA's kernels need); ``block``: reversed
-    query rows per kernel call under a causal mask, ``causal_block`` unless given (unless given, a
-    call ``last_row_fits`` takes runs as one kernel call instead). ``dropout_p``: the kernel's
-    attention dropout.
+    query rows per kernel call under a causal mask; unless given, a causal call runs as one kernel
+    call where ``last_row_fits``, else split at the diagonal where ``split_fits``, else in blocks of
+    ``causal_block`` rows. ``dropout_p``: the kernel's attention dropout.
     """
     if slopes.requires_grad and torch.is_grad_enabled() and dropout_p == 0:
         # the fused kernel refuses a mask that needs a gradient: the slopes get theirs beside it
@@ -138,6 +159,8 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
             if "is_causal" not in str(refused):
                 raise
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
+    if causal and block is None and split_fits(q, v, dropout_p):
+        return CausalSplit.apply(q, repeat_heads(k, groups), repeat_heads(v, groups), row, scale)
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -156,6 +179,96 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
+
+
+def split_fits(q, v, dropout_p: float) -> bool:
+    """Whether a causal call can take the split form: torch's CPU flash kernels, with their log-sum-exp, are
+    there (torch >= 2.3); the inputs are on the CPU; no dropout; v's head size equal to q's (the kernel's rule)."""
+    return (hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+            and q.device.type == "cpu" and dropout_p == 0 and v.shape[-1] == q.shape[-1])
+
+
+def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
+    """(reversed query rows, keys) of each kernel call of the split causal form (module docstring).
+
+    Reversed row r sees keys j <= k_len - 1 - r. A block of rows r0 .. r1 - 1 takes the keys all its
+    rows see, j < k_len - r1, in one call, and the band of keys beyond in calls of BAND_ROWS rows,
+    each shown the keys its first row sees: every row is in exactly one band call.
+    """
+    calls = []
+    for r0 in range(0, q_len, SPLIT_ROWS):
+        r1 = min(q_len, r0 + SPLIT_ROWS)
+        seen_by_all = k_len - r1
+        if seen_by_all > 0:
+            calls.append((range(r0, r1), range(0, seen_by_all)))
+        for b0 in range(r0, r1, BAND_ROWS):
+            calls.append((range(b0, min(r1, b0 + BAND_ROWS)), range(max(seen_by_all, 0), k_len - b0)))
+    return calls
+
+
+def call_mask(row, rows: range, keys: range):
+    """row[h, r + j] for reversed rows r in ``rows`` and keys j in ``keys``: (1, H, r, j)."""
+    H, length = row.shape
+    return row.as_strided((1, H, len(rows), len(keys)), (0, length, 1, 1),
+                          row.storage_offset() + rows.start + keys.start)
+
+
+class CausalSplit(torch.autograd.Function):
+    """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
+
+    ``apply(q, k, v, row, scale)``: q (B, H, i, d); k, v (B, H, j, d), KV heads already repeated;
+    ``row`` the causal bias row (``bias_row``). Returns (B, H, i, d) in q's dtype; the merge is
+    done in at least float32. Output and log-sum-exp are kept in query order and each call's
+    queries reversed as it runs: copies of one call's rows, never of the whole q or output.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, row, scale):
+        forward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        work = torch.promote_types(q.dtype, torch.float32)
+        out = q.new_empty(q.shape, dtype=work)  # (B, H, i, d)
+        lse = q.new_empty(q.shape[:-1], dtype=work)  # (B, H, i)
+        calls = split_calls(q.shape[-2], k.shape[-2])
+        for rows, keys in calls:
+            i, j = _query_rows(rows, q.shape[-2]), slice(keys.start, keys.stop)
+            o_p, l_p = forward_kernel(q[..., i, :].flip(-2), k[..., j, :], v[..., j, :],
+                                      attn_mask=call_mask(row, rows, keys), scale=scale)
+            o_p, l_p = o_p.flip(-2), l_p.flip(-1)  # (B, H, i, d), (B, H, i): back in query order
+            if keys.start == 0:  # the rows' first call (split_calls: the rectangle, else their only band)
+                out[..., i, :], lse[..., i] = o_p, l_p
+                continue
+            # l = log(e^l + e^l_p), o = e^(l - l_new) o + e^(l_p - l_new) o_p: one softmax over both calls' keys
+            merged = torch.logaddexp(lse[..., i], l_p)
+            out[..., i, :] = (out[..., i, :] * (lse[..., i] - merged).exp().unsqueeze(-1)
+                              + o_p * (l_p - merged).exp().unsqueeze(-1))
+            lse[..., i] = merged
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, row, out, lse)
+        ctx.scale, ctx.calls = scale, calls
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        backward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        q, k, v, row, out, lse = ctx.saved_tensors
+        dq, dk, dv = (torch.zeros_like(x, dtype=lse.dtype) for x in (q, k, v))
+        for rows, keys in ctx.calls:
+            i, j = _query_rows(rows, q.shape[-2]), slice(keys.start, keys.stop)
+            # the merged out and lse: P = exp(S - lse) is the whole softmax's weight on these keys
+            dq_p, dk_p, dv_p = backward_kernel(
+                *(x[..., i, :].flip(-2) for x in (grad_out, q)), k[..., j, :], v[..., j, :],
+                out[..., i, :].flip(-2), lse[..., i].flip(-1), 0.0, False,
+                attn_mask=call_mask(row, rows, keys), scale=ctx.scale)
+            dq[..., i, :] += dq_p.flip(-2)
+            dk[..., j, :] += dk_p
+            dv[..., j, :] += dv_p
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _query_rows(rows: range, q_len: int) -> slice:
+    """The queries i = q_len - 1 - r of reversed rows r in ``rows``, as a slice in query order."""
+    return slice(q_len - rows.stop, q_len - rows.start)
 
 
 class SlopesGradient(torch.autograd.Function):

@@ -20,11 +20,14 @@ from alibi_ref.strided import bias_row, causal_block, hankel_view, last_row_fits
 
 @pytest.fixture
 def kernel_calls(monkeypatch) -> list[bool]:
-    """torch's fused kernel, still run, each call noted (its is_causal flag): which form a path took."""
+    """torch's fused kernel, still run, each call noted (its is_causal flag; "split" for the split causal
+    form, whose kernel calls are private): which form a path took."""
     calls = []
     kernel = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *args, **kwargs: calls.append(kwargs.get("is_causal", False)) or kernel(*args, **kwargs))
+    split_calls = strided.split_calls
+    monkeypatch.setattr(strided, "split_calls", lambda *args: calls.append("split") or split_calls(*args))
     return calls
 
 
@@ -52,6 +55,75 @@ def test_strided_equals_naive_in_float64_for_any_causal_block(problem, block):
     by_keyword = strided_alibi_attention(q, k, v, slopes, scale=q.shape[-1] ** -0.5, causal=causal, groups=groups,
                                          block=block)
     assert torch.equal(by_keyword, out)
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(1, 1), (1, 9), (5, 5), (7, 7), (12, 12), (13, 30), (30, 30)])
+def test_the_split_calls_show_each_row_each_key_it_sees_exactly_once(monkeypatch, q_len, k_len):
+    """Reversed row r sees keys j <= k_len - 1 - r: its calls' keys must cover those once each, and each call
+    must show each of its rows at least one key it sees (a row of only -inf has no softmax)."""
+    monkeypatch.setattr(strided, "SPLIT_ROWS", 5)
+    monkeypatch.setattr(strided, "BAND_ROWS", 2)
+    seen = np.zeros((q_len, k_len), dtype=int)
+    calls = strided.split_calls(q_len, k_len)
+    for rows, keys in calls:
+        for r in rows:
+            assert keys.start <= k_len - 1 - r, (rows, keys, r)
+            seen[r, keys.start:keys.stop] += 1
+    visible = np.arange(k_len)[None, :] <= (k_len - 1 - np.arange(q_len))[:, None]
+    assert (seen[visible] == 1).all()
+    # keys shown to a row it cannot see (its -inf, computed for nothing): only in calls of at most BAND_ROWS
+    # rows, at most BAND_ROWS - 1 per row; the rectangles of up to SPLIT_ROWS rows hold none
+    unseen = {(rows, keys): [max(0, keys.stop - (k_len - r)) for r in rows] for rows, keys in calls}
+    assert all(len(rows) <= 5 for rows, _ in calls)
+    assert all(len(rows) <= 2 and max(waste) <= 1 for (rows, _), waste in unseen.items() if any(waste))
+
+
+@given(problems(max_len=9, causal=True), st.integers(1, 4), st.integers(1, 3))
+def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band_rows):
+    """Calls split at the diagonal and merged by their log-sum-exp: the naive path's output, any split sizes."""
+    q, k, v, slopes, _ = problem
+    v = np.tile(v, q.shape[-1])[..., : q.shape[-1]]  # the kernel needs d_v == d
+    expected = alibi_attention(q, k, v, slopes, causal=True)
+    q, k, v, slopes = to_torch(q, k, v, slopes)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(strided, "SPLIT_ROWS", split_rows)
+        patch.setattr(strided, "BAND_ROWS", band_rows)
+        assert strided.split_fits(q, v, 0.0)
+        out = strided_alibi_attention(q, k, v, slopes, q.shape[-1] ** -0.5, True, q.shape[-3] // k.shape[-3])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(9, 9), (4, 9), (1, 6)])
+def test_the_split_causal_form_passes_gradcheck(monkeypatch, q_len, k_len):
+    """Its backward pass (torch's flash backward per call, handed the merged output and log-sum-exp) against
+    finite differences: GQA, a KV cache (q_len < k_len), rectangles and bands of several calls each."""
+    monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
+    monkeypatch.setattr(strided, "BAND_ROWS", 3)
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 4, q_len, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
+    k, v = torch.randn(2, 2, 2, k_len, 5, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.7, 0.1], dtype=torch.float64, requires_grad=True)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    with pytest.MonkeyPatch.context() as patch:
+        calls = []
+        split_calls = strided.split_calls
+        patch.setattr(strided, "split_calls", lambda *args: calls.append(args) or split_calls(*args))
+        assert torch.autograd.gradcheck(
+            lambda q, k, v, m: strided_alibi_attention(q, k, v, m, 0.4, True, 2), [*inputs, slopes])
+    assert calls and len(split_calls(q_len, k_len)) >= 2  # a rectangle and a band at least
+
+
+def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_calls):
+    gen = torch.Generator().manual_seed(9)
+    q, k = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(2))
+    slopes = torch.tensor(get_slopes(2), dtype=torch.float32)
+    for v, dropout_p in [(torch.randn(1, 2, 40, 4, generator=gen), 0.0), (torch.randn(1, 2, 40, 8), 0.5)]:
+        kernel_calls.clear()
+        strided_alibi_attention(q, k, v, slopes, 0.3, True, 1, dropout_p=dropout_p)
+        assert kernel_calls and "split" not in kernel_calls
+    kernel_calls.clear()
+    strided_alibi_attention(q, k, q, slopes, 0.3, True, 1)
+    assert kernel_calls == ["split"]
 
 
 def _one_call_whatever_the_dtype(q, v, slopes, causal, dropout_p):
@@ -115,7 +187,7 @@ def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(
         assert not last_row_fits(q.to(dtype), v.to(dtype), slopes, True, 0.0)  # as they come: refused
         kernel_calls.clear()
         out = alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True, impl="strided")
-        assert kernel_calls == ([True] if dtype == torch.bfloat16 else [False] * 4)  # float64: 75-row blocks
+        assert kernel_calls == ([True] if dtype == torch.bfloat16 else ["split"])  # float64: split at the diagonal
         (grads[dtype],) = torch.autograd.grad((out.double() * v.double()).sum(), slopes)
     assert grads[torch.float64].abs().min() > 1e-2  # every slope matters here
     torch.testing.assert_close(grads[torch.bfloat16].double(), grads[torch.float64], rtol=3e-2, atol=3e-2)
@@ -159,17 +231,21 @@ def test_strided_float32_is_as_close_to_float64_as_the_materialised_bias_at_leng
     assert error < 5e-6, f"the strided path is off by {error:.2e} at N={n}"
 
 
-@pytest.mark.parametrize("block", [None, 150], ids=["default", "blocks"])
-def test_strided_runs_16_bit_inputs_forward_and_backward(block):
+@pytest.mark.parametrize("block", [None, "split", 150], ids=["default", "split", "blocks"])
+def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
     """16-bit in and out, the bias added in float32: output and gradients within the inputs' own rounding.
 
-    Causal calls run as one kernel call reading the last query's row by default, through the blocks
-    when ``block`` is given. Stated bounds (gradients here reach about 4 in size): bfloat16 2e-2 on
-    the output and 4e-2 on the gradients, float16 2e-3 and 1.2e-2. float16's gradient bound is torch's:
+    Causal calls run as one kernel call reading the last query's row by default, split at the diagonal
+    where that form is refused, through the blocks when ``block`` is given. Stated bounds (gradients
+    here reach about 4 in size): bfloat16 2e-2 on the output and 4e-2 on the gradients, float16 2e-3
+    and 1.2e-2. float16's gradient bound is torch's:
     its CPU kernel with is_causal and no bias at all is off by 7e-3 on dv here (keys near the start
     sum the gradient of hundreds of queries), and the one-call form is that kernel (measured 8.8e-3;
     the blocks 2.7e-3).
     """
+    if block == "split":
+        monkeypatch.setattr(strided, "last_row_fits", lambda *args: False)
+        block = None
     gen = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, 8, 600, 32, generator=gen) for _ in range(4))
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
@@ -209,10 +285,10 @@ def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 8, 1100, 16, generator=gen) for _ in range(3))
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
-    for dtype, expected in [(torch.bfloat16, [True]), (torch.float32, [False] * 5)]:
+    for dtype, expected in [(torch.bfloat16, [True]), (torch.float32, ["split"])]:
         kernel_calls.clear()
         alibi_attention(q.to(dtype), k.to(dtype), v.to(dtype), slopes, causal=True)
-        assert kernel_calls == expected, dtype  # float32: 256-row blocks of the reversed queries
+        assert kernel_calls == expected, dtype  # float32: split at the diagonal
     # grouped-query attention (8 query heads on 2 KV heads) in the one call, against float64's naive path
     k, v = k[:, :2], v[:, :2]
     reference = alibi_attention(q.double(), k.double(), v.double(), slopes.double(), causal=True, impl="naive")
