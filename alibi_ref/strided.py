@@ -25,8 +25,8 @@ where ``block`` is given.
 Causal, split at the diagonal (the CPU's default for float32 and float64): each block of
 ``SPLIT_ROWS`` reversed rows r0 .. r1 - 1 is cut into the keys all its rows see, j < k_len - r1,
 a rectangle with no -inf in it (one call, 256-row tiles), and the diagonal band beyond, in calls
-of ``BAND_ROWS`` rows shown only the keys their first row sees (a -inf triangle of 64 rows, not
-of 768). Each call p returns its output o_p and the log-sum-exp l_p of its logits, and the
+of 64 to ``BAND_ROWS`` rows shown only the keys their first row sees (a -inf triangle of at most
+128 rows, not of 768). Each call p returns its output o_p and the log-sum-exp l_p of its logits, and the
 pieces of a row are one softmax again:
 
     l = log sum_p exp(l_p),     o = sum_p exp(l_p - l) o_p
@@ -69,8 +69,9 @@ from .bias import bias_from_distances
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
 SCORES_PER_BLOCK = 1 << 22
-# the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), per band call
-SPLIT_ROWS, BAND_ROWS = 768, 64
+# the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), and at most
+# per band call (``split_calls``)
+SPLIT_ROWS, BAND_ROWS = 768, 128
 
 
 def causal_block(q_len: int, n_keys: int) -> int:
@@ -192,17 +193,20 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
     """(reversed query rows, keys) of each kernel call of the split causal form (module docstring).
 
     Reversed row r sees keys j <= k_len - 1 - r. A block of rows r0 .. r1 - 1 takes the keys all its
-    rows see, j < k_len - r1, in one call, and the band of keys beyond in calls of BAND_ROWS rows,
-    each shown the keys its first row sees: every row is in exactly one band call.
+    rows see, j < k_len - r1, in one call, and the band of keys beyond in calls of ``band`` rows,
+    each shown the keys its first row sees: every row is in exactly one band call. Bands of a
+    quarter of the queries within 64 to BAND_ROWS rows: fewer rows waste less on -inf, but the
+    kernel's fixed cost per call weighs more (figures: the README, "What ALiBi costs").
     """
+    band = min(BAND_ROWS, max(64, q_len // 4))
     calls = []
     for r0 in range(0, q_len, SPLIT_ROWS):
         r1 = min(q_len, r0 + SPLIT_ROWS)
         seen_by_all = k_len - r1
         if seen_by_all > 0:
             calls.append((range(r0, r1), range(0, seen_by_all)))
-        for b0 in range(r0, r1, BAND_ROWS):
-            calls.append((range(b0, min(r1, b0 + BAND_ROWS)), range(max(seen_by_all, 0), k_len - b0)))
+        for b0 in range(r0, r1, band):
+            calls.append((range(b0, min(r1, b0 + band)), range(max(seen_by_all, 0), k_len - b0)))
     return calls
 
 

@@ -78,6 +78,17 @@ def test_the_split_calls_show_each_row_each_key_it_sees_exactly_once(monkeypatch
     assert all(len(rows) <= 2 and max(waste) <= 1 for (rows, _), waste in unseen.items() if any(waste))
 
 
+def test_split_bands_are_a_quarter_of_the_queries_within_64_to_128_rows_under_768_row_rectangles():
+    def shape(n):
+        return [(len(rows), len(keys)) for rows, keys in strided.split_calls(n, n)]
+
+    assert shape(256) == [(64, 256), (64, 192), (64, 128), (64, 64)]
+    assert shape(1024) == [(768, 256)] + [(128, 768 - 128 * b) for b in range(6)] + [(128, 256), (128, 128)]
+    assert shape(100) == [(64, 100), (36, 36)]
+    rectangles = [(rows, keys) for rows, keys in shape(4096) if rows == 768]
+    assert rectangles == [(768, 4096 - 768 * (b + 1)) for b in range(5)]
+
+
 @given(problems(max_len=9, causal=True), st.integers(1, 4), st.integers(1, 3))
 def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band_rows):
     """Calls split at the diagonal and merged by their log-sum-exp: the naive path's output, any split sizes."""
@@ -241,7 +252,7 @@ def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
     and 1.2e-2. float16's gradient bound is torch's:
     its CPU kernel with is_causal and no bias at all is off by 7e-3 on dv here (keys near the start
     sum the gradient of hundreds of queries), and the one-call form is that kernel (measured 8.8e-3;
-    the blocks 2.7e-3).
+    the blocks and the split 2.7e-3).
     """
     if block == "split":
         monkeypatch.setattr(strided, "last_row_fits", lambda *args: False)
