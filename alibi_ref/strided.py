@@ -116,14 +116,15 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
     return largest_shift * 2.0**-24 <= unit_roundoff / 4
 
 
-def hankel_view(row, rows: range, n_keys: int):
-    """row[h, r + j] for the reversed query rows r in ``rows`` and keys j < n_keys: (1, H, r, j).
+def hankel_view(row, rows: range, keys: range):
+    """row[h, r + j] for the reversed query rows r in ``rows`` and the keys j in ``keys``: (1, H, r, j).
 
     Four dimensions, like q: given as (H, r, j), torch 2.13 leaves its flash kernel for a path
     several times slower (figures: the README, "What ALiBi costs").
     """
     H, length = row.shape
-    return row.as_strided((1, H, len(rows), n_keys), (0, length, 1, 1), row.storage_offset() + rows.start)
+    return row.as_strided((1, H, len(rows), len(keys)), (0, length, 1, 1),
+                          row.storage_offset() + rows.start + keys.start)
 
 
 @over_flat_batch
@@ -176,7 +177,7 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
         start = rows.stop
         blocks.append(F.scaled_dot_product_attention(
             reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
-            attn_mask=hankel_view(row, rows, n_keys), scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p,
+            attn_mask=hankel_view(row, rows, range(n_keys)), scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p,
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
@@ -210,13 +211,6 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
     return calls
 
 
-def call_mask(row, rows: range, keys: range):
-    """row[h, r + j] for reversed rows r in ``rows`` and keys j in ``keys``: (1, H, r, j)."""
-    H, length = row.shape
-    return row.as_strided((1, H, len(rows), len(keys)), (0, length, 1, 1),
-                          row.storage_offset() + rows.start + keys.start)
-
-
 class CausalSplit(torch.autograd.Function):
     """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
 
@@ -236,7 +230,7 @@ class CausalSplit(torch.autograd.Function):
         for rows, keys in calls:
             i, j = _query_rows(rows, q.shape[-2]), slice(keys.start, keys.stop)
             o_p, l_p = forward_kernel(q[..., i, :].flip(-2), k[..., j, :], v[..., j, :],
-                                      attn_mask=call_mask(row, rows, keys), scale=scale)
+                                      attn_mask=hankel_view(row, rows, keys), scale=scale)
             o_p, l_p = o_p.flip(-2), l_p.flip(-1)  # (B, H, i, d), (B, H, i): back in query order
             if keys.start == 0:  # the rows' first call (split_calls: the rectangle, else their only band)
                 out[..., i, :], lse[..., i] = o_p, l_p
@@ -263,7 +257,7 @@ class CausalSplit(torch.autograd.Function):
             dq_p, dk_p, dv_p = backward_kernel(
                 *(x[..., i, :].flip(-2) for x in (grad_out, q)), k[..., j, :], v[..., j, :],
                 out[..., i, :].flip(-2), lse[..., i].flip(-1), 0.0, False,
-                attn_mask=call_mask(row, rows, keys), scale=ctx.scale)
+                attn_mask=hankel_view(row, rows, keys), scale=ctx.scale)
             dq[..., i, :] += dq_p.flip(-2)
             dk[..., j, :] += dk_p
             dv[..., j, :] += dv_p
