@@ -277,6 +277,68 @@ def test_switching_the_guard_off_is_caught():
     assert guard.call is None
 
 
+def test_switching_the_profiler_off_and_back_on_around_a_reference_call_is_caught():
+    """The guard's hook cannot see what runs while it is switched off, nor tell at the end that it was, if the
+    answer put it back: Python's audit event for sys.setprofile does, however the call is reached."""
+    import cProfile
+    import os
+    import sys
+    import threading
+
+    def around(switch_off, switch_on, current=sys.getprofile):
+        def answer(n, max_bias=8.0):
+            hook = current()
+            switch_off()
+            try:
+                return get_slopes(n, max_bias=max_bias)
+            finally:
+                switch_on(hook)
+        return answer
+
+    profiler = cProfile.Profile()
+    routes = {
+        "sys.setprofile": around(lambda: sys.setprofile(None), sys.setprofile),
+        "a computed name": around(lambda: getattr(os.sys, "setprof" + "ile")(None),
+                                  lambda hook: getattr(os.sys, "setprof" + "ile")(hook)),
+        "map, from C": around(lambda: list(map(sys.setprofile, [None])),
+                              lambda hook: list(map(sys.setprofile, [hook]))),
+        "cProfile": around(profiler.enable, lambda hook: (profiler.disable(), sys.setprofile(hook))),
+    }
+
+    def in_a_thread_started_while_threads_get_no_hook(n, max_bias=8.0):
+        hook, box = threading.getprofile(), []
+        threading.setprofile(None)
+        worker = threading.Thread(target=lambda: box.append(get_slopes(n, max_bias=max_bias)))
+        worker.start()
+        worker.join()
+        threading.setprofile(hook)
+        return box[0]
+
+    routes["threading's hook"] = in_a_thread_started_while_threads_get_no_hook
+    for route, answer_fn in routes.items():
+        v = verdict("paper_slopes", answer_fn)
+        assert not v.passed and "profiler was switched off" in v.message, (route, v.message)
+    fn, _ = answer("paper_slopes")
+    assert verdict("paper_slopes", fn).passed  # the audit hook, now installed, leaves an honest answer alone
+
+
+def test_a_guard_started_inside_the_answer_is_caught_and_one_not_running_cannot_exit():
+    from alibi_ref.course import checks
+
+    def behind_a_guard_of_its_own(n, max_bias=8.0):
+        with checks.ReferenceGuard(trusted=(get_slopes,)):
+            return get_slopes(n, max_bias=max_bias)
+
+    v = verdict("paper_slopes", behind_a_guard_of_its_own)
+    assert not v.passed and "started a guard of its own" in v.message, v.message
+    with pytest.raises(RuntimeError, match="not running"):
+        checks.ReferenceGuard().__exit__(None, None, None)
+    with ReferenceGuard() as guard:
+        pass
+    with pytest.raises(RuntimeError, match="not running"):
+        guard.__exit__(None, None, None)  # a second exit (an answer ending the check's guard early, then the check)
+
+
 def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
     """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
     __array__ computed the reference once earned full marks, read after the guard had stopped."""

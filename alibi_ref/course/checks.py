@@ -186,7 +186,7 @@ class Other:
 # what the guard calls, taken at import: an answer may patch os, sys or threading (that is allowed, as
 # nothing is judged in its kernel), and a patched os.path or sys.getprofile must not blind it
 _abspath = os.path.abspath
-_getprofile, _setprofile = sys.getprofile, sys.setprofile
+_getprofile, _setprofile, _getframe = sys.getprofile, sys.setprofile, sys._getframe
 _threads_getprofile, _threads_setprofile = threading.getprofile, threading.setprofile
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,6 +231,7 @@ def _qualified_name(code) -> str:
 
 
 SWITCHED_OFF = "the profiler was switched off while the answer ran (the guard against calling the reference)"
+NESTED = "the answer started a guard of its own, which would hide its calls from the check's (the guard)"
 
 
 def _lend(fn: Callable) -> Callable:
@@ -280,10 +281,19 @@ class ReferenceGuard:
 
     def count(self, code, where: str = "") -> None:
         """Record ``code``'s call if it is the reference's and the first such call."""
-        if self.call is None and is_reference_code(code.co_filename):
+        if code is _THREADS_SETPROFILE:  # the hook threads get, changed (and maybe put back) by the answer
+            self.refuse(SWITCHED_OFF)
+        elif self.call is None and is_reference_code(code.co_filename):
             self.call = _qualified_name(code) + where
 
+    def refuse(self, why: str) -> None:
+        """Record that the answer went around the guard, unless a reference call is already recorded."""
+        if self.call is None:
+            self.call = why
+
     def __enter__(self):
+        for outer in _ACTIVE:  # no check runs inside another: only an answer starts a guard while one runs
+            outer.refuse(NESTED)
         self._previous = _getprofile(), _threads_getprofile()
         _ACTIVE.append(self)
         _threads_setprofile(_in_other_thread)
@@ -292,9 +302,10 @@ class ReferenceGuard:
         return self
 
     def __exit__(self, *exc):
-        switched = _getprofile() is not self._installed or _threads_getprofile() is not _in_other_thread
-        if switched and self.call is None:
-            self.call = SWITCHED_OFF
+        if self not in _ACTIVE:
+            raise RuntimeError("this guard is not running: it was never entered or has exited already")
+        if _getprofile() is not self._installed or _threads_getprofile() is not _in_other_thread:
+            self.refuse(SWITCHED_OFF)
         _setprofile(self._previous[0])
         _threads_setprofile(self._previous[1])
         _ACTIVE.remove(self)
@@ -303,6 +314,33 @@ class ReferenceGuard:
 
 _HOOK = ReferenceGuard._hook
 _ACTIVE: list[ReferenceGuard] = []  # the guards now running, innermost last
+_THREADS_SETPROFILE = _threads_setprofile.__code__
+# the code that may set the profile function while a guard runs: the guard itself, and a thread starting
+# (threading hands it the hook the guard gave threading)
+_SETTERS = {ReferenceGuard.__enter__.__code__, ReferenceGuard.__exit__.__code__,
+            threading.Thread._bootstrap_inner.__code__}
+
+
+def _audit(event: str, args) -> None:
+    """Python's audit hook: sys.setprofile called while a guard runs, by anything but the guard or a
+    thread's start, switches the guard off, even if the answer puts the hook back before the check ends.
+
+    An audit event is raised however the call is reached (a computed getattr, map(), cProfile's enable
+    from C), where the guard's own hook sees only calls made from Python. It looks at one event and
+    returns at once for every other; Python keeps an audit hook for the life of the interpreter.
+    """
+    if event != "sys.setprofile" or not _ACTIVE:
+        return
+    try:
+        setter = _getframe(1).f_code  # the Python code that called it (frame 0 is this hook)
+    except ValueError:  # called from C with no Python frame at all: not the guard's
+        setter = None
+    if setter not in _SETTERS:
+        for guard in _ACTIVE:
+            guard.refuse(SWITCHED_OFF)
+
+
+sys.addaudithook(_audit)
 
 
 def _in_other_thread(frame, event, arg):
