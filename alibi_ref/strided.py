@@ -197,13 +197,14 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
     rows see, j < k_len - r1, in one call, and the band of keys beyond in calls of ``band`` rows,
     each shown the keys its first row sees: every row is in exactly one band call. Bands of a
     quarter of the queries within 64 to BAND_ROWS rows: fewer rows waste less on -inf, but the
-    kernel's fixed cost per call weighs more (figures: the README, "What ALiBi costs").
+    kernel's fixed cost per call weighs more (figures: the README, "What ALiBi costs"). Rows that
+    fit in one band (decoding one token against a cache) go in one call, the rectangle with them.
     """
     band = min(BAND_ROWS, max(64, q_len // 4))
     calls = []
     for r0 in range(0, q_len, SPLIT_ROWS):
         r1 = min(q_len, r0 + SPLIT_ROWS)
-        seen_by_all = k_len - r1
+        seen_by_all = k_len - r1 if r1 - r0 > band else 0
         if seen_by_all > 0:
             calls.append((range(r0, r1), range(0, seen_by_all)))
         for b0 in range(r0, r1, band):

@@ -86,6 +86,8 @@ def test_split_bands_are_a_quarter_of_the_queries_within_64_to_128_rows_under_76
     assert shape(256) == [(64, 256), (64, 192), (64, 128), (64, 64)]
     assert shape(1024) == [(768, 256)] + [(128, 768 - 128 * b) for b in range(6)] + [(128, 256), (128, 128)]
     assert shape(100) == [(64, 100), (36, 36)]
+    assert strided.split_calls(1, 4096) == [(range(1), range(4096))]  # decoding: one call
+    assert [len(rows) for rows, _ in strided.split_calls(300, 4096)] == [300, 75, 75, 75, 75]
     rectangles = [(rows, keys) for rows, keys in shape(4096) if rows == 768]
     assert rectangles == [(768, 4096 - 768 * (b + 1)) for b in range(5)]
 
@@ -105,8 +107,8 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize(("q_len", "k_len"), [(9, 9), (4, 9), (1, 6)])
-def test_the_split_causal_form_passes_gradcheck(monkeypatch, q_len, k_len):
+@pytest.mark.parametrize(("q_len", "k_len", "n_calls"), [(9, 9, 7), (4, 9, 3), (1, 6, 1)])
+def test_the_split_causal_form_passes_gradcheck(monkeypatch, q_len, k_len, n_calls):
     """Its backward pass (torch's flash backward per call, handed the merged output and log-sum-exp) against
     finite differences: GQA, a KV cache (q_len < k_len), rectangles and bands of several calls each."""
     monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
@@ -122,7 +124,7 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, q_len, k_len):
         patch.setattr(strided, "split_calls", lambda *args: calls.append(args) or split_calls(*args))
         assert torch.autograd.gradcheck(
             lambda q, k, v, m: strided_alibi_attention(q, k, v, m, 0.4, True, 2), [*inputs, slopes])
-    assert calls and len(split_calls(q_len, k_len)) >= 2  # a rectangle and a band at least
+    assert calls and len(split_calls(q_len, k_len)) == n_calls  # rectangles and bands; one call for one row
 
 
 def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_calls):
