@@ -376,6 +376,17 @@ def test_a_table_of_the_references_values_made_before_the_check_cannot_pass_the_
     assert verdict("paper_slopes", from_the_table).passed
     v = verdict("paper_slopes", from_the_table, seed=2022)
     assert not v.passed and "raised KeyError" in v.message, v.message
+    # constant_slopes' value likewise: a table over every hundredth up to 2
+    constants = {(n, round(c / 100, 2)): get_slopes(n, "constant", constant=c / 100) for n in range(1, 33)
+                 for c in range(1, 201)}
+
+    def constant_from_the_table(n, value=0.25):
+        return constants[n, value]
+
+    assert verdict("constant_slopes", constant_from_the_table).passed
+    v = verdict("constant_slopes", constant_from_the_table, seed=2022)
+    assert not v.passed and "raised KeyError" in v.message, v.message
+    assert verdict("constant_slopes", lambda n, value=0.25: np.full(n, value), seed=2022).passed  # the one line
 
 
 def test_a_trusted_helper_that_calls_back_into_the_answer_gives_that_code_no_trust():

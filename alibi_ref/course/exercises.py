@@ -384,7 +384,9 @@ exercise(Exercise(
 exercise(Exercise(
     "constant_slopes",
     visible=lambda: [Case("constant_slopes(3)", (3,), atol=1e-15)],
-    hidden=lambda rng: [Case(f"constant_slopes({n}, value=0.1)", (n,), {"value": 0.1}, atol=1e-15) for n in (1, 5, 12)],
+    # values from a continuum: no table of the reference's answers made beforehand can hold them
+    hidden=lambda rng: [Case(f"constant_slopes({n}, value={value})", (n,), {"value": value}, atol=1e-15)
+                        for n, value in zip((1, 5, 12), rng.uniform(0.01, 2.0, 3).round(6).tolist(), strict=True)],
     reference=lambda n, value=0.25: get_slopes(n, "constant", constant=value),
 ))
 
