@@ -119,12 +119,14 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
 def hankel_view(row, rows: range, keys: range):
     """row[h, r + j] for the reversed query rows r in ``rows`` and the keys j in ``keys``: (1, H, r, j).
 
+    ``row`` must own its storage from its first number on, as ``bias_row`` makes it (the view's offset
+    counts from the storage's start: asking the row for its own offset would stop torch.compile).
     Four dimensions, like q: given as (H, r, j), torch 2.13 leaves its flash kernel for a path
     several times slower (figures: the README, "What ALiBi costs").
     """
     H, length = row.shape
     return row.as_strided((1, H, len(rows), len(keys)), (0, length, 1, 1),
-                          row.storage_offset() + rows.start + keys.start)
+                          rows.start + keys.start)
 
 
 @over_flat_batch

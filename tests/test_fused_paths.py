@@ -140,6 +140,28 @@ def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_ca
     assert kernel_calls == ["split"]
 
 
+@pytest.mark.parametrize(("dtype", "causal", "fullgraph"), [(torch.float32, True, True), (torch.float32, False, True),
+                                                          (torch.bfloat16, True, False)])
+def test_the_cpu_default_compiles_with_torch_compile(dtype, causal, fullgraph):
+    """torch.compile of a model on the CPU goes through the strided path: as one graph in float32 (the split
+    and the symmetric call), with a graph break in 16-bit causal (the one-call form reads the slopes'
+    size); output and gradients as in eager mode."""
+    gen = torch.Generator().manual_seed(10)
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float32)
+    inputs = [torch.randn(2, 4, 300, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
+
+    def attend(q, k, v):
+        return alibi_attention(q, k, v, slopes, causal=causal)
+
+    torch._dynamo.reset()
+    results = {}
+    for name, fn in (("eager", attend), ("compiled", torch.compile(attend, fullgraph=fullgraph))):
+        out = fn(*inputs)
+        results[name] = (out, *torch.autograd.grad(out.float().square().sum(), inputs))
+    for eager, compiled in zip(results["eager"], results["compiled"], strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def _one_call_whatever_the_dtype(q, v, slopes, causal, dropout_p):
     """last_row_fits without its precision bound: what the kernel needs, so float64 can run the one-call form."""
     return (causal and dropout_p == 0 and q.shape[-2] == v.shape[-2] and q.shape[-1] == v.shape[-1]
