@@ -62,6 +62,8 @@ the CPU only, and FlexAttention on CUDA.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._backend import over_flat_batch, repeat_heads
@@ -164,7 +166,9 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
                 raise
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     if causal and block is None and split_fits(q, v, dropout_p):
-        return CausalSplit.apply(q, repeat_heads(k, groups), repeat_heads(v, groups), row, scale)
+        if groups > 1 and not _kernel_takes_gqa():
+            k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
+        return CausalSplit.apply(q, k, v, row, scale)
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -192,6 +196,17 @@ def split_fits(q, v, dropout_p: float) -> bool:
             and q.device.type == "cpu" and dropout_p == 0 and v.shape[-1] == q.shape[-1])
 
 
+@functools.cache
+def _kernel_takes_gqa() -> bool:
+    """Whether torch's CPU flash kernel reads query head h from KV head h // groups itself (torch 2.13 does)."""
+    q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
+    try:
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, kv, kv)
+    except RuntimeError:
+        return False
+    return True
+
+
 def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
     """(reversed query rows, keys) of each kernel call of the split causal form (module docstring).
 
@@ -217,7 +232,8 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
 class CausalSplit(torch.autograd.Function):
     """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
 
-    ``apply(q, k, v, row, scale)``: q (B, H, i, d); k, v (B, H, j, d), KV heads already repeated;
+    ``apply(q, k, v, row, scale)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of H_kv (query head
+    h reads KV head h // (H / H_kv), in the kernel);
     ``row`` the causal bias row (``bias_row``). Returns (B, H, i, d) in q's dtype; the merge is
     done in at least float32. Output and log-sum-exp are kept in query order and each call's
     queries reversed as it runs: copies of one call's rows, never of the whole q or output.

@@ -127,6 +127,19 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, q_len, k_len, n_cal
     assert calls and len(split_calls(q_len, k_len)) == n_calls  # rectangles and bands; one call for one row
 
 
+def test_the_split_reads_grouped_kv_heads_without_copying_them(monkeypatch):
+    """torch 2.13's CPU flash kernel maps query head h to KV head h // groups itself: K and V stay H_kv heads."""
+    assert strided._kernel_takes_gqa()
+    monkeypatch.setattr(strided, "repeat_heads", lambda *args: pytest.fail("K and V were copied per query head"))
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, 200, 16, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 2, 200, 16, generator=gen, dtype=torch.float64)  # 8 query heads on 2 KV heads
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float64)
+    out = strided_alibi_attention(q, k, v, slopes, 0.25, True, 4)
+    expected = alibi_attention(q, k, v, slopes, causal=True, scale=0.25, impl="naive")
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+
+
 def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_calls):
     gen = torch.Generator().manual_seed(9)
     q, k = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(2))
