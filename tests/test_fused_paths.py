@@ -153,26 +153,33 @@ def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_ca
     assert kernel_calls == ["split"]
 
 
-@pytest.mark.parametrize(("dtype", "causal", "fullgraph"), [(torch.float32, True, True), (torch.float32, False, True),
-                                                          (torch.bfloat16, True, False)])
-def test_the_cpu_default_compiles_with_torch_compile(dtype, causal, fullgraph):
-    """torch.compile of a model on the CPU goes through the strided path: as one graph in float32 (the split
-    and the symmetric call), with a graph break in 16-bit causal (the one-call form reads the slopes'
-    size); output and gradients as in eager mode."""
+@pytest.mark.parametrize(("dtype", "causal"), [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
+def test_the_cpu_default_compiles_with_torch_compile(dtype, causal):
+    """torch.compile of a model on the CPU goes through the strided path as one graph (causal 16-bit inputs
+    take the split there: the one-call form's bound reads the slopes' values). float32: output and
+    gradients as in eager mode; bfloat16 (another path, other roundings): within the bounds the 16-bit
+    test states against float64, 2e-2 on the output and 4e-2 on the gradients."""
     gen = torch.Generator().manual_seed(10)
     slopes = torch.tensor(get_slopes(4), dtype=torch.float32)
-    inputs = [torch.randn(2, 4, 300, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
+    inputs = [torch.randn(2, 4, 300, 16, generator=gen) for _ in range(3)]
+    upstream = torch.randn(2, 4, 300, 16, generator=gen)
 
     def attend(q, k, v):
         return alibi_attention(q, k, v, slopes, causal=causal)
 
+    def run(fn, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in inputs]
+        out = fn(*leaves)
+        return (out, *torch.autograd.grad(out, leaves, upstream.to(dtype)))
+
     torch._dynamo.reset()
-    results = {}
-    for name, fn in (("eager", attend), ("compiled", torch.compile(attend, fullgraph=fullgraph))):
-        out = fn(*inputs)
-        results[name] = (out, *torch.autograd.grad(out.float().square().sum(), inputs))
-    for eager, compiled in zip(results["eager"], results["compiled"], strict=True):
-        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2)
+    compiled = run(torch.compile(attend, fullgraph=True), dtype)
+    if dtype == torch.float32:
+        for ours, theirs in zip(compiled, run(attend, dtype), strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+        return
+    for ours, theirs, bound in zip(compiled, run(attend, torch.float64), (2e-2, 4e-2, 4e-2, 4e-2), strict=True):
+        assert ours.dtype == dtype and (ours.double() - theirs).abs().max() < bound
 
 
 def _one_call_whatever_the_dtype(q, v, slopes, causal, dropout_p):
