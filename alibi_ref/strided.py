@@ -227,7 +227,7 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
         if seen_by_all > 0:
             calls.append((range(r0, r1), range(0, seen_by_all)))
         for b0 in range(r0, r1, band):
-            calls.append((range(b0, min(r1, b0 + band)), range(max(seen_by_all, 0), k_len - b0)))
+            calls.append((range(b0, min(r1, b0 + band)), range(seen_by_all, k_len - b0)))
     return calls
 
 
