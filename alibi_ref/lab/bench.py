@@ -108,9 +108,10 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
 class _PeakMemory:
     """Peak memory allocated while the block runs, beyond what was allocated when it started.
 
-    CUDA: the caching allocator's own peak. CPU: the process's resident memory, sampled every
-    half millisecond by a thread (large tensors are mmapped, so freeing them returns the memory
-    and a later allocation shows up again).
+    CUDA: the caching allocator's own peak. CPU: the process's resident memory at its highest (large
+    tensors are mmapped, so freeing them returns the memory and a later allocation shows up again):
+    Linux's own high-water mark, reset as the block starts, which misses nothing; where that cannot
+    be reset, samples every half millisecond by a thread, which can miss a buffer that lives shorter.
     """
 
     def __init__(self, device):
@@ -126,6 +127,9 @@ class _PeakMemory:
             self._base = torch.cuda.memory_allocated(self.device)
             return self
         self._base = self._highest = _resident_bytes()
+        self._thread = None
+        if _reset_high_water_mark():
+            return self
         self._stop = threading.Event()
 
         def sample():
@@ -143,8 +147,11 @@ class _PeakMemory:
 
             self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
         else:
-            self._stop.set()
-            self._thread.join()
+            if self._thread is None:
+                self._highest = _high_water_mark()
+            else:
+                self._stop.set()
+                self._thread.join()
             self.peak = max(0, self._highest - self._base)
         return False
 
@@ -152,6 +159,22 @@ class _PeakMemory:
 def _resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _reset_high_water_mark() -> bool:
+    """Set the kernel's peak resident memory (VmHWM) to the present one; False where Linux does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _high_water_mark() -> int:
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    return int(kib) * 1024
 
 
 def _fresh(spec: dict, env: dict) -> dict:
