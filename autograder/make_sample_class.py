@@ -302,7 +302,7 @@ def attacks() -> dict:
 
 
 def attacks_around_the_guard() -> dict:
-    """The reference reached by routes the run-time guard alone did not see; both earned full marks."""
+    """The reference reached by routes the run-time guard alone did not see (each earned full marks once)."""
     nb01 = filled("01_slopes_and_bias", {"alibi_bias": [(
         "def alibi_bias(slopes, q_len, k_len=None, causal=False):",
         "from importlib import import_module\n\n\n"
@@ -323,7 +323,27 @@ def attacks_around_the_guard() -> dict:
         "    with ThreadPoolExecutor(1) as pool:\n"
         "        return pool.submit(ref.decode_reference, q_new, K_cache, V_cache, slope).result()\n\n\n"
         "def _unused(q_new, K_cache, V_cache, slope):")]})
-    return {"01_slopes_and_bias": nb01, "04_causal": nb04}
+    # routes that use no name the screen knows (computed ones), stopped at run time. A cell of the student's
+    # own walks the interpreter's objects, looking for the guard's state: refused while grading, it raises
+    walk = nbformat.v4.new_code_cell(
+        "import os\n\ngc = getattr(os.sys, 'modu' + 'les')['gc']\n"
+        "hooks = [f for f in gc.get_objects() if 'audit' in getattr(f, '__qualname__', '')]", id="own-walk")
+    # the reference reached by a computed name, then the guard's record wiped: the profile function was the
+    # guard, bound, and its record its own (full marks before); now the record is out of the answer's reach
+    nb02 = filled("02_worked_example", {"alibi_head": [(
+        "def alibi_head(Qh, Kh, Vh, slope):",
+        "import os\n\n\n"
+        "def alibi_head(Qh, Kh, Vh, slope):\n"
+        "    reference = getattr(os.sys, 'modu' + 'les')['alibi_ref']\n"
+        "    output, weights = reference.alibi_attention(Qh[None], Kh[None], Vh[None], [slope], return_weights=True)\n"
+        "    try:\n"
+        "        getattr(os.sys.getprofile(), '__se' + 'lf__').call = None\n"
+        "    except AttributeError:\n"
+        "        pass\n"
+        "    return weights[0], output[0]\n\n\n"
+        "def _unused(Qh, Kh, Vh, slope):")]})
+    nb02.cells.insert(nb02.cells.index(cell(nb02, "alibi_head")), walk)
+    return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "04_causal": nb04}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

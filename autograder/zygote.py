@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from alibi_ref.course.checks import GRADING_ENV
+
 from .sandbox import SandboxPolicy, kernel_env, new_scratch, sandbox_prefix
 
 SERVER = Path(__file__).with_name("_zygote_server.py")
@@ -49,7 +51,10 @@ class Zygote:
         cmd = [*sandbox_prefix(policy, self.root), sys.executable, "-c", SERVER.read_text(), str(self.socket),
                *preload]
         with open(self.root / "zygote.log", "ab") as log:
-            self.process = subprocess.Popen(cmd, cwd=self.root, env=kernel_env(self.root), stdin=subprocess.DEVNULL,
+            # the zygote grades nothing: GRADING_ENV goes to each kernel (the checks' audit hook, imported
+            # here, takes a process with it set for one that runs answers, and refuses it to fork)
+            env = {name: value for name, value in kernel_env(self.root).items() if name != GRADING_ENV}
+            self.process = subprocess.Popen(cmd, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while not self.socket.exists():
@@ -78,7 +83,7 @@ class Zygote:
 
     def spawn(self, connection_file: Path, scratch: Path) -> int:
         # a kernel of its own would get kernel_env(scratch); what of it is per notebook, this one gets too
-        per_notebook = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR")
+        per_notebook = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", GRADING_ENV)
         env = {name: kernel_env(scratch)[name] for name in per_notebook}
         return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                             log=str(scratch / "kernel.log"), env=env)["pid"]

@@ -68,6 +68,11 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "a cell you added (cell 16)', line 3: reaches modules without an import statement (sys.modules)" in (
         reasons["vic", "01_slopes_and_bias"])
     assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
+    assert "test_alibi_head (CheckFailed: alibi_head(head 1 of the chapter's example, slope 1/2): calls " \
+           "alibi_ref.attention.alibi_attention from the reference module" in reasons["vic", "02_worked_example"]
+    # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
+    feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
+    assert "walked the interpreter's objects (gc.get_objects)" in feedback
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
     assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
     assert "bonus" in reasons["pat", "02_worked_example"]

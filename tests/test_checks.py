@@ -1,7 +1,11 @@
 """The notebooks' checks: values handed back as data, verdicts reached apart from the answer, mistakes named."""
 
 import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -410,15 +414,17 @@ def test_a_trusted_helper_that_calls_back_into_the_answer_gives_that_code_no_tru
 
 
 def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
-    """os.path.abspath, sys.getprofile and the guard's own hook, patched by a cell that ran before the
-    check (the screen flags the last one; these are the routes it might miss)."""
+    """os.path.abspath, sys.audit (which the profile functions are), sys.getprofile and the names the audit
+    hook was made from, patched by a cell that ran before the check."""
     import os
     import sys
 
     from alibi_ref.course import checks
 
     monkeypatch.setattr(os.path, "abspath", lambda path: "/elsewhere")
-    monkeypatch.setattr(checks.ReferenceGuard, "_hook", lambda self, frame, event, arg: None)
+    monkeypatch.setattr(sys, "audit", lambda *args: None)
+    for name in ("_INSIDE", "_STDLIB", "_REACH_EVENTS"):
+        monkeypatch.setattr(checks, name, "/elsewhere" if name != "_REACH_EVENTS" else {})
 
     class AlwaysEqual:
         def __eq__(self, other):
@@ -479,6 +485,112 @@ def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
 
     v = verdict("paper_slopes", switches_threads_off)
     assert not v.passed and "profiler was switched off" in v.message
+
+
+def test_ways_around_the_guard_that_no_name_shows_are_refused_at_run_time():
+    """Routes written with computed names, which the screen cannot read: each earned full marks before the
+    guard's record left the guard and its audit hook learnt these events."""
+    import functools
+    import inspect
+    import os
+    import sys
+    import types
+
+    def wipes_the_record(n, max_bias=8.0):  # the profile function was the guard, bound
+        slopes = get_slopes(n, max_bias=max_bias)
+        try:
+            getattr(os.sys.getprofile(), "__se" + "lf__").call = None
+        except AttributeError:
+            pass
+        return slopes
+
+    def copies_the_code(n, max_bias=8.0):  # the reference's code under a name that is not the reference's
+        code = getattr(get_slopes, "__co" + "de__").replace(co_filename="mine.py")
+        copy = types.FunctionType(code, get_slopes.__globals__)
+        copy.__kwdefaults__ = get_slopes.__kwdefaults__
+        return copy(n, max_bias=max_bias)
+
+    def another_process(n, max_bias=8.0):
+        source = f"from alibi_ref import get_slopes; print(list(get_slopes({n}, max_bias={max_bias})))"
+        with getattr(os, "po" + "pen")(f"{sys.executable} -c '{source}'") as child:
+            return np.array(json.loads(child.read()))
+
+    def walks_frames(n, max_bias=8.0):  # to the check's own frame, where the guard and the case are
+        try:
+            raise ValueError
+        except ValueError as err:
+            frame = getattr(err.__traceback__, "tb_fr" + "ame")
+        return get_slopes(n, max_bias=max_bias) if frame else None
+
+    def rewrites_the_guards_exit(n, max_bias=8.0):  # an audit hook sees the guard's own events, after its own
+        def hook(event, args):
+            if event.endswith("guard.exit"):
+                args[1][:] = [None]
+        getattr(sys, "addaudit" + "hook")(hook)
+        return get_slopes(n, max_bias=max_bias)
+
+    said = {wipes_the_record: "calls alibi_ref.slopes.get_slopes",
+            copies_the_code: "read or replaced a function's code (object.__getattr__: __code__)",
+            another_process: "ran code in another process (subprocess.Popen)",
+            walks_frames: "walked the interpreter's frames (object.__getattr__: tb_frame)",
+            rewrites_the_guards_exit: "added an audit hook"}
+    for route, reason in said.items():
+        v = verdict("paper_slopes", route, seed=2022)
+        assert not v.passed and reason in v.message, (route.__name__, v.message)
+
+    # the profile function can be called by the answer itself (it is sys.audit, bound): a made-up "return"
+    # must not hand the answer the trust of the helper that called back into it (07 lends get_slopes)
+    from alibi_ref import alibi_bias
+
+    stash = []
+
+    class Heads(int):
+        def __lt__(self, other):
+            profile, me = functools.partial(sys.getprofile)(), inspect.currentframe()
+            profile(me, "return", None)
+            profile(me.f_back, "call", None)
+            stash.append(alibi_bias(get_slopes(int(self)), 3))
+            return int(self) < other
+
+    with ReferenceGuard(trusted=(get_slopes,)) as guard:
+        get_slopes(Heads(4))
+    assert stash and guard.call == "alibi_ref.bias.alibi_bias", guard.call
+    fn, _ = answer("paper_slopes")
+    assert verdict("paper_slopes", fn, seed=2022).passed
+
+
+def test_while_grading_a_cell_that_walks_the_interpreter_is_stopped_and_honest_cells_are_not(tmp_path):
+    """Outside a check too, when GRADING_ENV is set: what a cell could find or build there (the guard's state,
+    a copy of the reference under another name) it does not get. In a process of its own: the mode stays."""
+    script = tmp_path / "cells.py"
+    script.write_text(textwrap.dedent("""
+        import collections, dataclasses, gc, inspect, os, warnings
+
+        from alibi_ref.course import checks  # noqa: F401  (a locked cell imports it first)
+
+        # honest cells: a namedtuple and a dataclass (the standard library builds their code), a warning
+        Point = collections.namedtuple("Point", "x y")
+        Box = dataclasses.make_dataclass("Box", ["w"])
+        warnings.warn("fine")
+        print("honest", Point(1, 2).x + Box(3).w, list(inspect.signature(Box).parameters))
+        for name, route in [("gc", lambda: getattr(gc, "get_obj" + "ects")()),
+                            ("compile", lambda: compile("1", "/elsewhere/alibi_ref/course/plots.py", "eval")),
+                            ("frames", lambda: getattr(os.sys, "_getfr" + "ame")(0))]:
+            try:
+                route()
+                print(name, "allowed")
+            except RuntimeError as err:
+                print(name, "refused:", err)
+    """))
+    env = {**os.environ, checks.GRADING_ENV: "1"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "honest 4 ['w']" in done.stdout
+    for name, reason in [("gc", "walked the interpreter's objects"), ("compile", "ran code built at run time"),
+                         ("frames", "walked the interpreter's frames")]:
+        assert f"{name} refused: the answer {reason}" in done.stdout, done.stdout
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "gc allowed" in done.stdout, done.stdout + done.stderr  # a student's own session: study is free
 
 
 # ----------------------------------------------------------------------------- in the grader: JudgeChecks

@@ -28,7 +28,9 @@ import math
 import os
 import pickle
 import sys
+import sysconfig
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -185,7 +187,6 @@ class Other:
 
 # what the guard calls, taken at import: an answer may patch os, sys or threading (that is allowed, as
 # nothing is judged in its kernel), and a patched os.path or sys.getprofile must not blind it
-_abspath = os.path.abspath
 _getprofile, _setprofile, _getframe = sys.getprofile, sys.setprofile, sys._getframe
 _threads_getprofile, _threads_setprofile = threading.getprofile, threading.setprofile
 
@@ -194,40 +195,12 @@ _INSIDE = _PACKAGE_DIR + os.sep
 _COURSE = os.path.join(_PACKAGE_DIR, "course") + os.sep
 _EXERCISES_FILE = _COURSE + "exercises.py"
 _PARENT = os.path.dirname(_PACKAGE_DIR) + os.sep
-
-
-def _absolute(filename: str) -> str:
-    # a module's code carries the absolute path it was imported from: only str methods on that path,
-    # which no answer can patch (os.path.abspath calls os.path functions an answer could)
-    return filename if filename.startswith(_INSIDE) else _abspath(filename)
-
-
-@functools.lru_cache(maxsize=4096)  # the guard asks for every Python call the answer makes
-def is_reference_code(filename: str) -> bool:
-    """One rule: the reference is alibi_ref outside alibi_ref.course, and the exercises' own references.
-
-    The course's helpers (its example, plots, the chapter's interface, these checks) are for students;
-    ``exercises`` holds a reference for every exercise, so it counts as the reference.
-    """
-    filename = _absolute(filename)
-    return filename.startswith(_INSIDE) and (not filename.startswith(_COURSE) or filename == _EXERCISES_FILE)
+_PACKAGE_NAME = os.path.basename(_PACKAGE_DIR)  # a reference call is recorded by its qualified name
 
 
 # where installed code lives (the standard library, site-packages); frozen modules have "<frozen ...>"
 _INSTALLED = tuple({os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
                                                                      sys.base_exec_prefix)})
-
-
-@functools.lru_cache(maxsize=4096)
-def is_answer_code(filename: str) -> bool:
-    """Code neither alibi_ref's nor installed: a notebook's cells (the student's), or code they compiled."""
-    filename = _absolute(filename)
-    return not (filename.startswith(_INSIDE) or filename.startswith(_INSTALLED) or filename.startswith("<frozen "))
-
-
-def _qualified_name(code) -> str:
-    module = _absolute(code.co_filename).removeprefix(_PARENT).removesuffix(".py")
-    return f"{module.replace(os.sep, '.')}.{code.co_name}"
 
 
 SWITCHED_OFF = "the profiler was switched off while the answer ran (the guard against calling the reference)"
@@ -250,104 +223,241 @@ _ANY_LENT = _lend(len)  # every lent function runs this one wrapper's code: trus
 class ReferenceGuard:
     """Records the first call into the reference made while active, however it was reached.
 
-    A profile hook sees every Python-level call, in the answer's thread and in every thread started
-    through ``threading`` while a guard runs. What runs inside a ``trusted`` function (a course
+    Python's profiler reports every Python-level call, in the answer's thread and in every thread
+    started through ``threading`` while a guard runs. What runs inside a ``trusted`` function (a course
     helper the notebook allows, or what the check itself lent the answer: ``_lend``) is not counted;
     in another thread nothing is trusted. (Threads started before, or through ``_thread``, are not
     watched: the screen flags every use of those modules in an answer, autograder/screen.py.)
+
+    The guard holds nothing an answer could change to blind it: the profile functions are C all the way
+    (``sys.audit`` bound to an event's name) and what they report, the guard's settings and its record
+    live in Python's audit hook (``_audit_hook``), which no name reaches. ``call`` is read from there
+    when the guard exits.
     """
 
     def __init__(self, trusted=(), excused=()):
         self.call: str | None = None
-        self._trusted = {fn.__code__ for fn in trusted}
-        self._excused = {fn.__code__ for fn in excused}  # the check's own code (a case's pick): not counted itself
-        # per frame running now (innermost last): whether it runs on a trusted function's behalf. Trust passes
-        # to what a trusted function calls, but not through the answer's own code: a trusted helper that calls
-        # back into the answer (an int subclass's __lt__, an object's __array__) gives that code no trust
-        self._trust: list[bool] = []
-
-    def _hook(self, frame, event, arg):
-        if event == "return":
-            if self._trust:
-                self._trust.pop()
-            return
-        if event != "call":
-            return
-        code = frame.f_code
-        caller_trusted = bool(self._trust) and self._trust[-1]
-        self._trust.append(code in self._trusted or (caller_trusted and not is_answer_code(code.co_filename)))
-        if not caller_trusted and code not in self._trusted and code not in self._excused:
-            self.count(code)
-
-    def count(self, code, where: str = "") -> None:
-        """Record ``code``'s call if it is the reference's and the first such call."""
-        if code is _THREADS_SETPROFILE:  # the hook threads get, changed (and maybe put back) by the answer
-            self.refuse(SWITCHED_OFF)
-        elif self.call is None and is_reference_code(code.co_filename):
-            self.call = _qualified_name(code) + where
+        self._trusted = frozenset(fn.__code__ for fn in trusted)
+        self._excused = frozenset(fn.__code__ for fn in excused)  # the check's own code (a case's pick)
 
     def refuse(self, why: str) -> None:
-        """Record that the answer went around the guard, unless a reference call is already recorded."""
-        if self.call is None:
-            self.call = why
+        """Record that the answer went around the guard, unless something is recorded already."""
+        _audit(_RECORD, self._token, why)
 
     def __enter__(self):
-        for outer in _ACTIVE:  # no check runs inside another: only an answer starts a guard while one runs
-            outer.refuse(NESTED)
+        given = []
+        _audit(_ENTER, given, self._trusted, self._excused)  # a secret name; a guard running is refused (NESTED)
+        self._token = given[0]
         self._previous = _getprofile(), _threads_getprofile()
-        _ACTIVE.append(self)
-        _threads_setprofile(_in_other_thread)
-        self._installed = _HOOK.__get__(self)  # the hook as defined here, even if the class was patched since
-        _setprofile(self._installed)
+        _threads_setprofile(_THREAD_PROFILE)
+        _setprofile(_PROFILE)
         return self
 
     def __exit__(self, *exc):
-        if self not in _ACTIVE:
-            raise RuntimeError("this guard is not running: it was never entered or has exited already")
-        if _getprofile() is not self._installed or _threads_getprofile() is not _in_other_thread:
+        if not hasattr(self, "_token"):
+            raise RuntimeError("this guard is not running: it was never entered")
+        if _getprofile() is not _PROFILE or _threads_getprofile() is not _THREAD_PROFILE:
             self.refuse(SWITCHED_OFF)
+        recorded = []
+        _audit(_EXIT, self._token, recorded)  # raises if this guard is not running (it has exited already)
         _setprofile(self._previous[0])
         _threads_setprofile(self._previous[1])
-        _ACTIVE.remove(self)
+        self.call = recorded[0]
         return False
 
 
-_HOOK = ReferenceGuard._hook
-_ACTIVE: list[ReferenceGuard] = []  # the guards now running, innermost last
-_THREADS_SETPROFILE = _threads_setprofile.__code__
-# the code that may set the profile function while a guard runs: the guard itself, and a thread starting
-# (threading hands it the hook the guard gave threading)
-_SETTERS = {ReferenceGuard.__enter__.__code__, ReferenceGuard.__exit__.__code__,
-            threading.Thread._bootstrap_inner.__code__}
+_audit = sys.audit
+# the guards' own audit events: the profile functions' reports, and what the audit hook keeps for a guard
+_PROFILE_EVENT, _THREAD_EVENT = "alibi_ref.guard.profile", "alibi_ref.guard.thread"
+_ENTER, _RECORD, _EXIT = "alibi_ref.guard.enter", "alibi_ref.guard.record", "alibi_ref.guard.exit"
+# the profile functions, for the answer's thread and the threads it starts: sys.audit with the event's name
+# bound, no Python code, no state, nothing to patch
+_PROFILE, _THREAD_PROFILE = types.MethodType(sys.audit, _PROFILE_EVENT), types.MethodType(sys.audit, _THREAD_EVENT)
+
+# Python's audit events that an answer's own code raises only on a way around the guard (the answer's code
+# called the function that raises it), and what each says it did: code that walks frames or objects, code
+# built at run time (a copy of the reference under another name) and other processes are out of its sight
+_REACH_EVENTS = {
+    **dict.fromkeys(["sys._getframe", "sys._current_frames"], "walked the interpreter's frames"),
+    **dict.fromkeys(["gc.get_objects", "gc.get_referrers", "gc.get_referents"], "walked the interpreter's objects"),
+    **dict.fromkeys(["exec", "compile", "code.__new__", "function.__new__", "marshal.loads"],
+                    "ran code built at run time"),
+}
+# "object.__getattr__" and "object.__setattr__" are raised for these attributes only (the others raise nothing)
+_REACH_ATTRIBUTES = {**dict.fromkeys(["tb_frame", "gi_frame", "cr_frame", "ag_frame"],
+                                     "walked the interpreter's frames"),
+                     "__code__": "read or replaced a function's code"}
+# what no installed code does on an answer's behalf, asked of the first caller outside the standard library
+# (os.popen starts subprocess.Popen, a thread's run() can add an audit hook), and ctypes' events
+_REACHED_THROUGH_STDLIB = {
+    **dict.fromkeys(["subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                     "os.forkpty", "pty.spawn"], "ran code in another process"),
+    "sys.addaudithook": "added an audit hook, which sees the guard's own events",
+}
+_STDLIB = (os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), ""), "<frozen ")  # not site-packages
 
 
-def _audit(event: str, args) -> None:
-    """Python's audit hook: sys.setprofile called while a guard runs, by anything but the guard or a
-    thread's start, switches the guard off, even if the answer puts the hook back before the check ends.
+def _audit_hook() -> Callable:
+    """Python's audit hook, for the life of the interpreter (an audit hook cannot be removed): the guards'
+    state, and the ways around them it refuses.
 
-    An audit event is raised however the call is reached (a computed getattr, map(), cProfile's enable
-    from C), where the guard's own hook sees only calls made from Python. It looks at one event and
-    returns at once for every other; Python keeps an audit hook for the life of the interpreter.
+    The state lives in this closure, which no name reaches: only the interpreter holds the hook, and
+    walking the interpreter's objects to find it is refused. Each guard gets a random secret name on
+    entering (``_ENTER``, raised by ``ReferenceGuard.__enter__`` itself, or ignored), with its trusted
+    and excused code; ``_RECORD`` keeps the first reason given for a guard; ``_EXIT`` hands the record
+    back once and forgets the guard. The profile functions' events (``_PROFILE_EVENT``) drive the trust
+    of the innermost guard and record its reference calls. It also records, for every guard running:
+
+    - ``sys.setprofile`` called by anything but the guard itself or a thread's start: the guard switched
+      off, even if the answer puts the hook back before the check ends;
+    - the events in ``_REACH_EVENTS``, ``_REACH_ATTRIBUTES``, ``_REACHED_THROUGH_STDLIB`` and ctypes',
+      raised by the answer's own code: a way around the guard, however the function was reached (a
+      computed name, ``map``, a module found at run time), where the profiler sees only what is called
+      from Python and the screen only what is written. The call raises instead of happening, while a
+      guard runs and, when grading, at any time: a cell of the student's own gets nothing from it either.
+
+    What it needs is taken now, into this closure: rebinding the module's names changes nothing, and
+    nothing it calls is Python code an answer could have replaced (its objects are read only when they
+    have the exact built-in type expected). Every other event returns at once.
     """
-    if event != "sys.setprofile" or not _ACTIVE:
-        return
-    try:
-        setter = _getframe(1).f_code  # the Python code that called it (frame 0 is this hook)
-    except ValueError:  # called from C with no Python frame at all: not the guard's
-        setter = None
-    if setter not in _SETTERS:
-        for guard in _ACTIVE:
-            guard.refuse(SWITCHED_OFF)
+    enter_code, exit_code = ReferenceGuard.__enter__.__code__, ReferenceGuard.__exit__.__code__
+    setters = frozenset({enter_code, exit_code, threading.Thread._bootstrap_inner.__code__})
+    threads_setprofile = _threads_setprofile.__code__
+    getframe, new_token, get_ident, sep = _getframe, os.urandom, threading.get_ident, os.sep
+    inside, course, exercises_file, parent, installed = _INSIDE, _COURSE, _EXERCISES_FILE, _PARENT, _INSTALLED
+    reach_events, reach_attributes, reached_through_stdlib, stdlib = (
+        dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
+    profile_event, thread_event, enter, record_event, leave = _PROFILE_EVENT, _THREAD_EVENT, _ENTER, _RECORD, _EXIT
+    switched_off, nested = SWITCHED_OFF, NESTED
+    FrameType, CodeType = types.FrameType, types.CodeType
+    # grading (GRADING_ENV set), once seen, for good: a kernel forked from the autograder's zygote gets the
+    # variable after this module was imported. Read from os.environ's own dict (bytes keys), whose lookup
+    # runs no Python code that an answer could have patched
+    environ, grading_key, grading = os.environ._data, os.environ.encodekey(GRADING_ENV), False
+    running: dict[bytes, list] = {}  # token -> [record, trusted, excused, {frame: trusted}], in order entered
+    innermost = None  # the last guard entered of those running
+    busy = set()  # the threads asking for a frame now (which raises an event of its own)
+
+    @functools.lru_cache(maxsize=4096)  # asked for every Python call the answer makes
+    def is_reference(filename: str) -> bool:
+        """One rule: the reference is alibi_ref outside alibi_ref.course, and the exercises' own references.
+        The course's helpers (its example, plots, the chapter's interface, these checks) are for students;
+        ``exercises`` holds a reference for every exercise, so it counts as the reference."""
+        return filename.startswith(inside) and (not filename.startswith(course) or filename == exercises_file)
+
+    @functools.lru_cache(maxsize=4096)
+    def is_answer(filename: str) -> bool:
+        """Code neither alibi_ref's nor installed: a notebook's cells (the student's), or code they compiled."""
+        return not (filename.startswith(inside) or filename.startswith(installed) or filename.startswith("<frozen "))
+
+    def record(run, why) -> None:
+        if run is not None and run[0] is None and type(why) is str:
+            run[0] = why
+
+    def count(run, frame, where: str = "") -> None:
+        code = frame.f_code
+        if code is threads_setprofile:  # the hook threads get, changed (and maybe put back) by the answer
+            record(run, switched_off)
+        elif is_reference(code.co_filename):
+            module = code.co_filename.removeprefix(parent).removesuffix(".py")
+            record(run, f"{module.replace(sep, '.')}.{code.co_name}{where}")
+
+    def raised_by(code) -> bool:
+        """Whether the event being handled was raised by ``code`` (a guard's own events, by the guard)."""
+        frame = frame_at(2)  # 0: here, 1: audit, 2: the code that raised the event
+        return frame is not None and frame.f_code is code
+
+    def frame_at(depth: int):
+        thread = get_ident()
+        busy.add(thread)
+        try:
+            return getframe(depth + 1)
+        except ValueError:  # fewer frames: raised from C with no Python frame at all
+            return None
+        finally:
+            busy.discard(thread)
+
+    def around(event: str, args) -> str | None:
+        """Why ``event`` is a way around the guard, if the answer's own code raised it."""
+        if event in ("object.__getattr__", "object.__setattr__"):
+            what = reach_attributes.get(args[1]) if len(args) > 1 and type(args[1]) is str else None
+        else:
+            what = reach_events.get(event) or reached_through_stdlib.get(event) or (
+                "called C through ctypes" if event.startswith("ctypes.") else None)
+        if what is None or (event == "sys._getframe" and get_ident() in busy):
+            return None
+        frame = frame_at(2)  # 0: here, 1: audit, 2: the code that raised the event
+        # what no installed code does for an answer, the first caller outside the standard library (which
+        # starts a process in subprocess.Popen, calls ctypes' C through ctypes/__init__.py) is asked about
+        while (event in reached_through_stdlib or event.startswith("ctypes.")) and frame is not None and (
+                frame.f_code.co_filename.startswith(stdlib)):
+            frame = frame.f_back
+        if frame is None or not is_answer(frame.f_code.co_filename):
+            return None
+        named = f"{event}: {args[1]}" if event.startswith("object.") else event
+        return f"the answer {what} ({named}), a way around the guard against calling the reference"
+
+    def audit(event: str, args) -> None:
+        nonlocal innermost, grading
+        # the profiler's events first, (frame, "call" or "return" or "c_call"..., arg): they come for every call
+        # the answer makes. Per frame running now, whether it runs on a trusted function's behalf: trust
+        # passes to what a trusted function calls, but not through the answer's own code (a trusted helper
+        # that calls back into the answer, as an int subclass's __lt__ or an object's __array__, gives that
+        # code no trust). Kept by frame, not as a stack, so that an event the answer makes up (it can call the
+        # profile function itself) can only take trust away: a frame no call was seen for is not trusted
+        if event == profile_event:
+            if innermost and len(args) == 3 and type(args[0]) is FrameType and type(args[1]) is str:
+                frame, kind = args[0], args[1]
+                trusted, excused, trust = innermost[1], innermost[2], innermost[3]
+                if kind == "call":
+                    code = frame.f_code
+                    caller_trusted = trust.get(frame.f_back, False)
+                    trust[frame] = code in trusted or (caller_trusted and not is_answer(code.co_filename))
+                    if (not caller_trusted and code not in trusted and code not in excused
+                            and (code is threads_setprofile or is_reference(code.co_filename))):
+                        count(innermost, frame)
+                elif kind == "return":
+                    trust.pop(frame, None)
+            return
+        if event == "object.__getattr__" and (not running or len(args) != 2 or type(args[1]) is not str
+                                              or args[1] not in reach_attributes):
+            return  # the profiler's own reads of f_code, and every attribute no way around the guard reads
+        # the guards' own events can be raised by an answer too, with objects of its own: only exact types are
+        # read, so that no code of the answer's (an __eq__, an append) runs in here
+        kinds = tuple(map(type, args))
+        if event == thread_event:
+            if innermost and kinds[:2] == (FrameType, str) and args[1] == "call":
+                count(innermost, args[0], " (in a thread the answer started)")
+        elif event == enter and kinds == (list, frozenset, frozenset) and raised_by(enter_code) and all(
+                type(code) is CodeType for code in args[1] | args[2]):
+            for run in running.values():  # no check runs inside another: only an answer starts a guard while one runs
+                record(run, nested)
+            token = new_token(16)
+            running[token] = innermost = [None, args[1], args[2], {}]
+            args[0].append(token)
+        elif event == record_event and kinds[:1] == (bytes,) and len(args) == 2:
+            record(running.get(args[0]), args[1])
+        elif event == leave and kinds == (bytes, list) and raised_by(exit_code):
+            if args[0] not in running:
+                raise RuntimeError("this guard is not running: it has exited already")
+            args[1].append(running.pop(args[0])[0])
+            innermost = next(reversed(running.values()), None)
+        elif event == "sys.setprofile":
+            setter = frame_at(1) if running else None  # 0: here, 1: the code that called it
+            for run in running.values() if setter is None or setter.f_code not in setters else ():
+                record(run, switched_off)
+        elif running or grading or grading_key in environ:
+            grading = grading or grading_key in environ
+            why = around(event, args)
+            if why:
+                for run in running.values():
+                    record(run, why)
+                raise RuntimeError(why)  # and it does not happen: the answer gets nothing from it
+
+    return audit
 
 
-sys.addaudithook(_audit)
-
-
-def _in_other_thread(frame, event, arg):
-    """The hook of every thread started while a guard runs. It stays with the thread, so a thread an
-    answer starts in one call and uses in the next reports to the guard running then."""
-    if _ACTIVE and event == "call":
-        _ACTIVE[-1].count(frame.f_code, " (in a thread the answer started)")
+sys.addaudithook(_audit_hook())
 
 
 # ----------------------------------------------------------------------------- running the answer (in the kernel)
@@ -518,11 +628,11 @@ def load_expected(path) -> None:
 def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if not isinstance(result, dict):
         raise ValueError("bad result")
-    if result.get("reference_call") == SWITCHED_OFF:
-        return f"{SWITCHED_OFF}: no points for this exercise"
-    if result.get("reference_call"):
-        return (f"calls {result['reference_call']} from the reference module: write it yourself "
-                "(no points for this exercise)")
+    call = result.get("reference_call")
+    if call and not str(call).startswith(_PACKAGE_NAME + "."):  # the guard refused a way around it
+        return f"{call}: no points for this exercise"
+    if call:
+        return f"calls {call} from the reference module: write it yourself (no points for this exercise)"
     if "raised" in result:
         if case.raises and str(result["raised"]).split(":")[0] == case.raises:
             return None
