@@ -343,7 +343,21 @@ def attacks_around_the_guard() -> dict:
         "    return weights[0], output[0]\n\n\n"
         "def _unused(Qh, Kh, Vh, slope):")]})
     nb02.cells.insert(nb02.cells.index(cell(nb02, "alibi_head")), walk)
-    return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "04_causal": nb04}
+    # no answer at all: a cell of its own rebinds the checks' run, found by computed names, to one that
+    # computes the reference's values for the cases first and hands the real check a table (full marks
+    # before the audit hook held the checks' machinery); now no cell after it runs
+    rebind = nbformat.v4.new_code_cell(
+        "import os\n\nm = getattr(os.sys, 'modu' + 'les')['alibi_ref.course.checks']\nreal_run = m.run\n\n\n"
+        "def precomputed(name, answer, seed=None, device=None):\n"
+        "    ex = getattr(m, '_exer' + 'cise')(name)\n"
+        "    table = [m.expected_value(ex, c) for c in m.cases(name, seed)]\n"
+        "    return real_run(name, lambda *args, **kwargs: table.pop(0), seed, device)\n\n\n"
+        "m.run = precomputed", id="own-rebind")
+    nb03 = filled("03_slope_zero")
+    answer(nb03, "standard_attention", "def standard_attention(Q, K, V, n_heads):\n    return None\n\n\n"
+                                       "alibi_zero_output = max_difference = 0.0\n")
+    nb03.cells.insert(nb03.cells.index(cell(nb03, "standard_attention")), rebind)
+    return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "03_slope_zero": nb03, "04_causal": nb04}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

@@ -70,6 +70,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
     assert "test_alibi_head (CheckFailed: alibi_head(head 1 of the chapter's example, slope 1/2): calls " \
            "alibi_ref.attention.alibi_attention from the reference module" in reasons["vic", "02_worked_example"]
+    assert "test_standard_attention (RuntimeError: the checks' own machinery was changed " \
+           "(alibi_ref.course.checks.run)" in reasons["vic", "03_slope_zero"]
     # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
     assert "walked the interpreter's objects (gc.get_objects)" in feedback

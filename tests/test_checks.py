@@ -16,7 +16,7 @@ import torch
 from alibi_ref import get_slopes
 from alibi_ref.course import (
     checks,
-    exercises,  # noqa: F401  (registers them)
+    exercises,
     plots,
 )
 from alibi_ref.course.checks import EXERCISES, MIME, Case, ReferenceGuard, decode, encode, judge, run
@@ -414,17 +414,13 @@ def test_a_trusted_helper_that_calls_back_into_the_answer_gives_that_code_no_tru
 
 
 def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
-    """os.path.abspath, sys.audit (which the profile functions are), sys.getprofile and the names the audit
-    hook was made from, patched by a cell that ran before the check."""
+    """os.path.abspath, sys.audit (which the profile functions are) and sys.getprofile, patched by a cell
+    that ran before the check."""
     import os
     import sys
 
-    from alibi_ref.course import checks
-
     monkeypatch.setattr(os.path, "abspath", lambda path: "/elsewhere")
     monkeypatch.setattr(sys, "audit", lambda *args: None)
-    for name in ("_INSIDE", "_STDLIB", "_REACH_EVENTS"):
-        monkeypatch.setattr(checks, name, "/elsewhere" if name != "_REACH_EVENTS" else {})
 
     class AlwaysEqual:
         def __eq__(self, other):
@@ -443,6 +439,42 @@ def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
 
     v = verdict("paper_slopes", switches_off)
     assert not v.passed and "profiler was switched off" in v.message, v.message
+
+
+@pytest.mark.parametrize(("where", "name", "part"), [
+    ("checks", "run", "alibi_ref.course.checks.run"),  # the whole check, with the cases it is given
+    ("checks", "_INSIDE", "alibi_ref.course.checks._INSIDE"),  # what the audit hook was made from
+    ("checks", "a_new_name", "a name added to alibi_ref.course.checks"),  # a builtin's name, shadowed there
+    ("exercises", "_bias_cases", "alibi_ref.course.exercises._bias_cases"),  # sees each case before the guard
+    ("builtins", "len", "builtins.len"),
+    ("numpy.random", "default_rng", "numpy.random.default_rng"),  # sees the hidden seed
+])
+def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, where, name, part):
+    """A cell that rebinds what the check runs besides the answer (found by a computed name the screen cannot
+    read) could hand it the reference's values, computed before the guard starts: measured, with run
+    rebound, full marks and no answer at all. The audit hook holds the machinery to what it was."""
+    import builtins
+    import importlib
+
+    module = {"checks": checks, "exercises": exercises, "builtins": builtins}.get(where) or importlib.import_module(
+        where)
+    real_run = checks.run
+
+    def precomputed(name_, answer_, seed=None, device=None):
+        ex = checks.EXERCISES[name_]
+        table = {repr(c.args + tuple(sorted(c.kwargs.items()))): ex.reference(*c.args, **c.kwargs)
+                 for c in checks.cases(name_, seed)}
+        return real_run(name_, lambda *a, **k: table[repr(a + tuple(sorted(k.items())))], seed, device)
+
+    replacement = precomputed if name == "run" else getattr(module, name, print)
+    if name != "run":  # the same object under its name is no change: a copy of it is
+        replacement = (lambda *a, _f=replacement, **k: _f(*a, **k)) if callable(replacement) else "/elsewhere/"
+    monkeypatch.setattr(module, name, replacement, raising=False)
+    v = verdict("paper_slopes", None if name == "run" else answer("paper_slopes")[0], seed=2022)
+    assert not v.passed and f"the checks' own machinery was changed ({part})" in v.message, v.message
+    monkeypatch.undo()
+    fn, _ = answer("paper_slopes")
+    assert verdict("paper_slopes", fn, seed=2022).passed  # put back, as it was: nothing is held against it
 
 
 def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():

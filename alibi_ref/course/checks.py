@@ -297,7 +297,7 @@ _REACHED_THROUGH_STDLIB = {
 _STDLIB = (os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), ""), "<frozen ")  # not site-packages
 
 
-def _audit_hook() -> Callable:
+def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tuple[str, dict]]) -> Callable:
     """Python's audit hook, for the life of the interpreter (an audit hook cannot be removed): the guards'
     state, and the ways around them it refuses.
 
@@ -397,6 +397,25 @@ def _audit_hook() -> Callable:
         named = f"{event}: {args[1]}" if event.startswith("object.") else event
         return f"the answer {what} ({named}), a way around the guard against calling the reference"
 
+    held = [(what, namespace, name, value, type(namespace) is not types.FunctionType)
+            for what, namespace, name, value in machinery]
+    sizes = [(what, namespace, len(namespace)) for what, namespace in whole]
+    missing = object()
+
+    def changed() -> str | None:
+        """The first part of the checks' machinery that is not what it was (``_machinery``), or None."""
+        for what, namespace, name, value, mapping in held:
+            now = namespace.get(name, missing) if mapping else getattr(namespace, name, missing)
+            if now is not value:
+                return what
+        for what, namespace, size in sizes:
+            if len(namespace) != size:
+                return f"a name added to {what}"
+        return None
+
+    def refusal(part: str) -> str:
+        return f"the checks' own machinery was changed ({part}), a way around the guard against calling the reference"
+
     def audit(event: str, args) -> None:
         nonlocal innermost, grading
         # the profiler's events first, (frame, "call" or "return" or "c_call"..., arg): they come for every call
@@ -434,12 +453,18 @@ def _audit_hook() -> Callable:
                 record(run, nested)
             token = new_token(16)
             running[token] = innermost = [None, args[1], args[2], {}]
+            part = changed()
+            if part:
+                record(innermost, refusal(part))
             args[0].append(token)
         elif event == record_event and kinds[:1] == (bytes,) and len(args) == 2:
             record(running.get(args[0]), args[1])
         elif event == leave and kinds == (bytes, list) and raised_by(exit_code):
             if args[0] not in running:
                 raise RuntimeError("this guard is not running: it has exited already")
+            part = changed()
+            if part:
+                record(running[args[0]], refusal(part))
             args[1].append(running.pop(args[0])[0])
             innermost = next(reversed(running.values()), None)
         elif event == "sys.setprofile":
@@ -448,6 +473,11 @@ def _audit_hook() -> Callable:
                 record(run, switched_off)
         elif running or grading or grading_key in environ:
             grading = grading or grading_key in environ
+            if (grading and event == "exec" and kinds == (CodeType,) and args[0].co_filename.startswith(sep)
+                    and is_answer(args[0].co_filename) and changed()):
+                # a notebook cell about to run (a file of ipykernel's; code the standard library builds has a
+                # name of its own, as namedtuple's): IPython reports what this raises as the cell's error
+                raise RuntimeError(refusal(changed()) + ": no cell runs after that")
             why = around(event, args)
             if why:
                 for run in running.values():
@@ -456,8 +486,6 @@ def _audit_hook() -> Callable:
 
     return audit
 
-
-sys.addaudithook(_audit_hook())
 
 
 # ----------------------------------------------------------------------------- running the answer (in the kernel)
@@ -772,3 +800,74 @@ def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, 
         raise CheckFailed(verdict.message)
     print(verdict.message)
 
+
+# ----------------------------------------------------------------------------- the machinery, held to what it is
+
+def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str, dict]]]:
+    """What runs in the kernel besides the answer when a check runs: (what, namespace, name, object now) for
+    each part, and (what, namespace) for the namespaces held whole, to which no name may be added.
+
+    A cell that rebinds any of it (this module's ``run``, an exercise's ``allowed`` helpers, the
+    builtins the checks call, ``builtins.__import__`` or the module in ``sys.modules`` that a test cell
+    imports ``check`` from) could hand the check values computed with the reference before its guard
+    starts, or skip the guard. The audit hook holds every entry to the object it is now: the checks,
+    the exercises and the harness modules whole (no name added either), the classes defined here, each
+    exercise's fields, each of their functions' code and defaults, the builtins their code names, and
+    the few functions of numpy, torch and IPython a check calls before its guard or to hand values back.
+    """
+    import builtins
+
+    import numpy.random  # noqa: F401  (numpy loads it on first use: held from here on)
+
+    from . import exercises, harness
+
+    modules = [sys.modules[__name__], exercises, harness]
+    entries: list[tuple[str, object, str, object]] = []
+    whole: list[tuple[str, dict]] = []
+
+    def hold(what: str, namespace, names=None) -> None:
+        if names is None:
+            whole.append((what, namespace))
+        for name in (names if names is not None else list(namespace)):
+            if name in namespace:
+                entries.append((f"{what}.{name}", namespace, name, namespace[name]))
+
+    def code_names(code) -> set[str]:
+        return set(code.co_names).union(*(code_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
+
+    referenced: set[str] = set()
+    for module in modules:
+        hold(module.__name__, vars(module))
+        entries.append((f"sys.modules[{module.__name__!r}]", sys.modules, module.__name__, module))
+        for value in list(vars(module).values()):
+            for fn in ([value] if isinstance(value, types.FunctionType) else
+                       [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+                       if isinstance(value, type) and value.__module__ == module.__name__ else []):
+                referenced |= code_names(fn.__code__)
+                entries += [(f"{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS]
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                hold(f"{module.__name__}.{value.__name__}", value.__dict__)
+    for ex in EXERCISES.values():
+        hold(f"the exercise {ex.name!r}", vars(ex))
+        for fn in vars(ex).values():
+            if isinstance(fn, types.FunctionType):
+                referenced |= code_names(fn.__code__)
+                entries += [(f"{ex.name}.{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS]
+    hold("EXERCISES", EXERCISES)
+    hold("builtins", vars(builtins), sorted((referenced | {"__import__"}) - _SWAPPED_BUILTINS))
+    for module, names in _CALLED_AROUND_THE_GUARD.items():
+        if module in sys.modules:
+            hold(module, vars(sys.modules[module]), names)
+    return entries, whole
+
+
+# a function's parts a cell could replace without a name: its code (audited too) and its defaults
+_FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
+# builtins the kernel itself swaps while it runs (ipykernel's input for each request, IPython's exit and quit)
+_SWAPPED_BUILTINS = {"input", "exit", "quit", "get_ipython", "display", "help", "_", "__", "___"}
+# modules whose functions a check calls outside the answer's guard: to draw the cases, to make inputs, to
+# hand values back (IPython's display, imported by the kernel before any cell)
+_CALLED_AROUND_THE_GUARD = {"numpy.random": ["default_rng"], "torch": ["tensor"],
+                            "IPython.display": ["display"], "IPython.core.display_functions": ["display"]}
+
+sys.addaudithook(_audit_hook(*_machinery()))
