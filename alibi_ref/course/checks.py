@@ -328,6 +328,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
     reach_events, reach_attributes, reached_through_stdlib, stdlib = (
         dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
     profile_event, thread_event, enter, record_event, leave = _PROFILE_EVENT, _THREAD_EVENT, _ENTER, _RECORD, _EXIT
+    own_events = frozenset([thread_event, enter, record_event, leave])
     switched_off, nested = SWITCHED_OFF, NESTED
     FrameType, CodeType = types.FrameType, types.CodeType
     # grading (GRADING_ENV set), once seen, for good: a kernel forked from the autograder's zygote gets the
@@ -379,18 +380,19 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
 
     def around(event: str, args) -> str | None:
         """Why ``event`` is a way around the guard, if the answer's own code raised it."""
+        through_stdlib = False
         if event in ("object.__getattr__", "object.__setattr__"):
             what = reach_attributes.get(args[1]) if len(args) > 1 and type(args[1]) is str else None
         else:
+            through_stdlib = event.startswith("ctypes.") or event in reached_through_stdlib
             what = reach_events.get(event) or reached_through_stdlib.get(event) or (
-                "called C through ctypes" if event.startswith("ctypes.") else None)
+                "called C through ctypes" if through_stdlib else None)
         if what is None or (event == "sys._getframe" and get_ident() in busy):
             return None
         frame = frame_at(2)  # 0: here, 1: audit, 2: the code that raised the event
         # what no installed code does for an answer, the first caller outside the standard library (which
         # starts a process in subprocess.Popen, calls ctypes' C through ctypes/__init__.py) is asked about
-        while (event in reached_through_stdlib or event.startswith("ctypes.")) and frame is not None and (
-                frame.f_code.co_filename.startswith(stdlib)):
+        while through_stdlib and frame is not None and frame.f_code.co_filename.startswith(stdlib):
             frame = frame.f_back
         if frame is None or not is_answer(frame.f_code.co_filename):
             return None
@@ -441,6 +443,9 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
         if event == "object.__getattr__" and (not running or len(args) != 2 or type(args[1]) is not str
                                               or args[1] not in reach_attributes):
             return  # the profiler's own reads of f_code, and every attribute no way around the guard reads
+        grading = grading or grading_key in environ
+        if not (running or grading or event in own_events):
+            return  # a student's own session, no check running: nothing to keep or refuse
         # the guards' own events can be raised by an answer too, with objects of its own: only exact types are
         # read, so that no code of the answer's (an __eq__, an append) runs in here
         kinds = tuple(map(type, args))
@@ -471,13 +476,13 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
             setter = frame_at(1) if running else None  # 0: here, 1: the code that called it
             for run in running.values() if setter is None or setter.f_code not in setters else ():
                 record(run, switched_off)
-        elif running or grading or grading_key in environ:
-            grading = grading or grading_key in environ
-            if (grading and event == "exec" and kinds == (CodeType,) and args[0].co_filename.startswith(sep)
-                    and is_answer(args[0].co_filename) and changed()):
-                # a notebook cell about to run (a file of ipykernel's; code the standard library builds has a
-                # name of its own, as namedtuple's): IPython reports what this raises as the cell's error
-                raise RuntimeError(refusal(changed()) + ": no cell runs after that")
+        else:
+            # a notebook cell about to run (a file of ipykernel's; code the standard library builds has a name
+            # of its own, as namedtuple's): IPython reports what this raises as the cell's error
+            part = (grading and event == "exec" and kinds == (CodeType,) and args[0].co_filename.startswith(sep)
+                    and is_answer(args[0].co_filename) and changed())
+            if part:
+                raise RuntimeError(refusal(part) + ": no cell runs after that")
             why = around(event, args)
             if why:
                 for run in running.values():
@@ -836,23 +841,25 @@ def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str,
         return set(code.co_names).union(*(code_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
     referenced: set[str] = set()
+
+    def hold_functions(where: str, values) -> None:
+        nonlocal referenced
+        for fn in values:
+            if isinstance(fn, types.FunctionType):
+                referenced |= code_names(fn.__code__)
+                entries.extend((f"{where}{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS)
+
     for module in modules:
         hold(module.__name__, vars(module))
         entries.append((f"sys.modules[{module.__name__!r}]", sys.modules, module.__name__, module))
+        hold_functions("", list(vars(module).values()))
         for value in list(vars(module).values()):
-            for fn in ([value] if isinstance(value, types.FunctionType) else
-                       [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
-                       if isinstance(value, type) and value.__module__ == module.__name__ else []):
-                referenced |= code_names(fn.__code__)
-                entries += [(f"{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS]
-            if isinstance(value, type) and value.__module__ == module.__name__:
+            if isinstance(value, type) and value.__module__ == module.__name__:  # a class defined there
                 hold(f"{module.__name__}.{value.__name__}", value.__dict__)
+                hold_functions("", list(vars(value).values()))
     for ex in EXERCISES.values():
         hold(f"the exercise {ex.name!r}", vars(ex))
-        for fn in vars(ex).values():
-            if isinstance(fn, types.FunctionType):
-                referenced |= code_names(fn.__code__)
-                entries += [(f"{ex.name}.{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS]
+        hold_functions(f"{ex.name}.", vars(ex).values())
     hold("EXERCISES", EXERCISES)
     hold("builtins", vars(builtins), sorted((referenced | {"__import__"}) - _SWAPPED_BUILTINS))
     for module, names in _CALLED_AROUND_THE_GUARD.items():
