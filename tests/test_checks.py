@@ -477,6 +477,20 @@ def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, wher
     assert verdict("paper_slopes", fn, seed=2022).passed  # put back, as it was: nothing is held against it
 
 
+def test_the_caches_python_adds_to_the_machinery_are_no_change():
+    """A warning given by the checks' own code adds __warningregistry__ to their module, and pickling a case
+    adds __slotnames__ to its class (copyreg): both happened in the full suite and failed honest answers."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        exec(compile("__import__('warnings').warn('from the checks')", checks.__file__, "exec"), vars(checks))
+    pickle.dumps(Case("a case"))
+    assert "__warningregistry__" in vars(checks) and "__slotnames__" in vars(Case)
+    fn, _ = answer("paper_slopes")
+    assert verdict("paper_slopes", fn, seed=2022).passed
+
+
 def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
     import threading
     from concurrent.futures import ThreadPoolExecutor

@@ -401,7 +401,12 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
 
     held = [(what, namespace, name, value, type(namespace) is not types.FunctionType)
             for what, namespace, name, value in machinery]
-    sizes = [(what, namespace, len(namespace)) for what, namespace in whole]
+    caches = _PYTHON_CACHES
+
+    def size(namespace) -> int:  # the names in it, less the caches Python itself adds
+        return len(namespace) - sum(name in namespace for name in caches)
+
+    sizes = [(what, namespace, size(namespace)) for what, namespace in whole]
     missing = object()
 
     def changed() -> str | None:
@@ -410,8 +415,8 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
             now = namespace.get(name, missing) if mapping else getattr(namespace, name, missing)
             if now is not value:
                 return what
-        for what, namespace, size in sizes:
-            if len(namespace) != size:
+        for what, namespace, before in sizes:
+            if size(namespace) != before:
                 return f"a name added to {what}"
         return None
 
@@ -834,7 +839,7 @@ def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str,
         if names is None:
             whole.append((what, namespace))
         for name in (names if names is not None else list(namespace)):
-            if name in namespace:
+            if name in namespace and name not in _PYTHON_CACHES:
                 entries.append((f"{what}.{name}", namespace, name, namespace[name]))
 
     def code_names(code) -> set[str]:
@@ -868,6 +873,9 @@ def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str,
     return entries, whole
 
 
+# names Python adds to a namespace as it runs: a module's registry of the warnings its code gave, a class's
+# cache of its slots once an instance is pickled or copied (copyreg)
+_PYTHON_CACHES = frozenset({"__warningregistry__", "__slotnames__"})
 # a function's parts a cell could replace without a name: its code (audited too) and its defaults
 _FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
 # builtins the kernel itself swaps while it runs (ipykernel's input for each request, IPython's exit and quit)
