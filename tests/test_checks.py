@@ -518,7 +518,7 @@ def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
 
     for route in (in_a_thread, in_a_pool, in_a_pool_kept):
         v = verdict("paper_slopes", route)
-        assert not v.passed and "calls alibi_ref.slopes.get_slopes (in a thread the answer started)" in v.message, v
+        assert not v.passed and "calls alibi_ref.slopes.get_slopes (in another thread)" in v.message, v
     # an honest answer that uses a thread of its own for its own code is not failed for it
     with ThreadPoolExecutor(1) as pool:
         assert verdict("paper_slopes", lambda n, max_bias=8.0: pool.submit(fn, n, max_bias).result()).passed
@@ -637,6 +637,127 @@ def test_while_grading_a_cell_that_walks_the_interpreter_is_stopped_and_honest_c
         assert f"{name} refused: the answer {reason}" in done.stdout, done.stdout
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert "gc allowed" in done.stdout, done.stdout + done.stderr  # a student's own session: study is free
+
+
+def test_while_grading_a_thread_started_before_the_check_is_watched_however_it_was_started(tmp_path):
+    """An earlier cell's pool, or a bare _thread running the reference from a queue through C alone (no frame
+    of the answer's anywhere), earned full marks while only threads started during a check were watched:
+    when grading, every thread starts under the guard's thread profile, and taking it off is refused."""
+    script = tmp_path / "cells.py"
+    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
+        import _thread, collections, importlib.util, os, queue, time
+        from concurrent import futures
+
+        from alibi_ref.course import checks  # a locked cell imports it first
+        from alibi_ref import get_slopes
+
+        pool = futures.ThreadPoolExecutor(1)
+        pool.submit(int).result()  # the cell before the check: its thread is running, waiting for work
+        inbox, outbox = queue.SimpleQueue(), []
+        _thread.start_new_thread(collections.deque, (map(outbox.append, map(
+            lambda a: get_slopes(a[0], max_bias=a[1]), iter(inbox.get, None))), 0))
+
+        def through_the_pool(n, max_bias=8.0):
+            return pool.submit(get_slopes, n, max_bias=max_bias).result()
+
+        def through_the_bare_thread(n, max_bias=8.0):
+            inbox.put((n, max_bias))
+            while not outbox:
+                time.sleep(0.001)
+            return outbox.pop()
+
+        def honest(n, max_bias=8.0):  # a thread for the answer's own code is not failed for it
+            return pool.submit(paper_slopes, n, max_bias).result()
+
+        for name, fn in [("pool", through_the_pool), ("bare", through_the_bare_thread), ("honest", honest)]:
+            print(name, checks.judge(checks.run("paper_slopes", fn, 3)).message.splitlines()[0])
+        imp = os.sys.modules["_imp"]
+        for name, route in [
+                ("profile off", lambda: getattr(os.sys, "setpro" + "file")(None)),
+                ("a fresh _thread", lambda: imp.create_builtin(importlib.util.find_spec("_thread"))),
+                ("a fresh _imp", lambda: imp.create_builtin(importlib.util.find_spec("_imp"))),
+                ("another interpreter", lambda: importlib.import_module("_xxsubinterpreters").create()),
+                ("a fresh import", lambda: (os.sys.modules.pop("_thread"), importlib.import_module("_thread")))]:
+            try:
+                route()
+                print(name, "allowed:", checks.judge(checks.run("paper_slopes", honest, 3)).message)
+            except RuntimeError as err:
+                print(name, "refused:", err)
+        inbox.put(None)
+    """))
+    env = {**os.environ, checks.GRADING_ENV: "1"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for route in ("pool", "bare"):
+        assert f"{route} paper_slopes(1, max_bias=8.0): calls alibi_ref.slopes.get_slopes (in another thread)" in (
+            done.stdout), done.stdout
+    assert "honest paper_slopes: 22 hidden checks pass" in done.stdout, done.stdout
+    for route, reason in [("profile off", "the answer switched the profiler off (sys.setprofile)"),
+                          ("a fresh _thread", "a fresh copy of the module _thread is refused"),
+                          ("a fresh _imp", "a fresh copy of the module _imp is refused"),
+                          ("another interpreter", "interpreter creation failed"),  # Python's words for ours
+                          ("a fresh import", "a fresh copy of the module _thread is refused")]:
+        assert f"{route} refused: {reason}" in done.stdout, done.stdout
+
+
+def test_while_grading_no_exception_carries_the_guards_state_out(tmp_path):
+    """A refusal's traceback held the audit hook's frame, whose locals were the guards' state: wiping a
+    running check's record after calling the reference earned full marks. Now the hook that decides never
+    lets an exception out, a second one that holds nothing raises the refusal, and the ways to put an
+    exception of one's own inside the hook (a signal handler, a signal sent) are refused while grading."""
+    script = tmp_path / "cells.py"
+    script.write_text(textwrap.dedent("""
+        import _thread, os, signal, traceback
+        from alibi_ref.course import checks  # a locked cell imports it first
+        from alibi_ref import get_slopes
+
+        try:
+            getattr(os.sys, "_getfr" + "ame")(0)
+        except RuntimeError as err:
+            refusal = err
+        names = {name for frame, _ in traceback.walk_tb(refusal.__traceback__) for name in frame.f_locals}
+        print("state in the traceback:", sorted(names & {"running", "innermost", "held", "pending", "record"}))
+
+        class Sneaky(str):  # a key whose __eq__ would run inside the hook, as its hash matches a lookup's
+            armed = False
+
+            def __eq__(self, other):
+                if Sneaky.armed:
+                    print("__eq__ ran inside the hook")
+                return False
+
+            def __hash__(self):
+                return hash("__warningregistry__")  # looked up in every held namespace, never there
+
+        def add_a_key():
+            setattr(checks, Sneaky("not run"), None)
+            Sneaky.armed = True
+
+        for name, route in [
+                ("a handler", lambda: signal.signal(signal.SIGALRM, lambda *args: None)),
+                ("a signal raised", lambda: signal.raise_signal(signal.SIGINT)),
+                ("a signal sent", lambda: os.kill(os.getpid(), signal.SIGINT)),
+                ("the main thread interrupted", lambda: _thread.interrupt_main()),
+                ("a key of its own", add_a_key)]:
+            try:
+                route()
+                print(name, "allowed:", checks.judge(checks.run("paper_slopes", get_slopes, 3)).message)
+            except RuntimeError as err:
+                print(name, "refused:", err)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # numbers, not handlers: allowed
+        print("default handler set")
+    """))
+    env = {**os.environ, checks.GRADING_ENV: "1"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "state in the traceback: []" in done.stdout, done.stdout
+    for route, reason in [("a handler", "the answer set a signal handler of its own (signal)"),
+                          ("a signal raised", "the answer sent a signal (raise_signal)"),
+                          ("a signal sent", "the answer sent a signal (os.kill)"),
+                          ("the main thread interrupted", "the answer sent a signal (interrupt_main)")]:
+        assert f"{route} refused: {reason}" in done.stdout, done.stdout
+    assert "a key of its own allowed: " in done.stdout and "a key that is not a str" in done.stdout, done.stdout
+    assert "__eq__ ran inside the hook" not in done.stdout and "default handler set" in done.stdout
 
 
 # ----------------------------------------------------------------------------- in the grader: JudgeChecks

@@ -22,11 +22,15 @@ student's earlier answers it calls, so that one mistake costs one exercise: the 
 
 from __future__ import annotations
 
+import _imp
+import _signal
+import _thread
 import base64
 import functools
 import math
 import os
 import pickle
+import signal
 import sys
 import sysconfig
 import threading
@@ -189,6 +193,10 @@ class Other:
 # nothing is judged in its kernel), and a patched os.path or sys.getprofile must not blind it
 _getprofile, _setprofile, _getframe = sys.getprofile, sys.setprofile, sys._getframe
 _threads_getprofile, _threads_setprofile = threading.getprofile, threading.setprofile
+# the real functions behind those grading replaces (``_REPLACED``): only the audit hook keeps them once it has
+_REAL_FUNCTIONS = {"start_new_thread": _thread.start_new_thread, "create_builtin": _imp.create_builtin,
+                   "signal": _signal.signal, "raise_signal": _signal.raise_signal,
+                   "interrupt_main": _thread.interrupt_main}
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSIDE = _PACKAGE_DIR + os.sep
@@ -224,10 +232,11 @@ class ReferenceGuard:
     """Records the first call into the reference made while active, however it was reached.
 
     Python's profiler reports every Python-level call, in the answer's thread and in every thread
-    started through ``threading`` while a guard runs. What runs inside a ``trusted`` function (a course
-    helper the notebook allows, or what the check itself lent the answer: ``_lend``) is not counted;
-    in another thread nothing is trusted. (Threads started before, or through ``_thread``, are not
-    watched: the screen flags every use of those modules in an answer, autograder/screen.py.)
+    started through ``threading`` while a guard runs; when grading, in every thread started since
+    grading began, however it was started (``_start_thread``). What runs inside a ``trusted`` function
+    (a course helper the notebook allows, or what the check itself lent the answer: ``_lend``) is not
+    counted; in another thread nothing is trusted. (In a student's own session, threads started
+    before the check are not watched: nothing is graded there.)
 
     The guard holds nothing an answer could change to blind it: the profile functions are C all the way
     (``sys.audit`` bound to an event's name) and what they report, the guard's settings and its record
@@ -270,6 +279,8 @@ _audit = sys.audit
 # the guards' own audit events: the profile functions' reports, and what the audit hook keeps for a guard
 _PROFILE_EVENT, _THREAD_EVENT = "alibi_ref.guard.profile", "alibi_ref.guard.thread"
 _ENTER, _RECORD, _EXIT = "alibi_ref.guard.enter", "alibi_ref.guard.record", "alibi_ref.guard.exit"
+# a replaced function asking the hook for the real one's work; a refusal handed to the hook that raises it
+_REAL, _PENDING = "alibi_ref.guard.real", "alibi_ref.guard.pending"
 # the profile functions, for the answer's thread and the threads it starts: sys.audit with the event's name
 # bound, no Python code, no state, nothing to patch
 _PROFILE, _THREAD_PROFILE = types.MethodType(sys.audit, _PROFILE_EVENT), types.MethodType(sys.audit, _THREAD_EVENT)
@@ -293,16 +304,95 @@ _REACHED_THROUGH_STDLIB = {
     **dict.fromkeys(["subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                      "os.forkpty", "pty.spawn"], "ran code in another process"),
     "sys.addaudithook": "added an audit hook, which sees the guard's own events",
+    "sys.setprofile": "switched the profiler off",
+    "cpython.PyInterpreterState_New": "ran code in another interpreter, which has no guard",
+    **dict.fromkeys(["os.kill", "os.killpg", "signal.pthread_kill"], "sent a signal"),
 }
 _STDLIB = (os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), ""), "<frozen ")  # not site-packages
 
 
-def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tuple[str, dict]]) -> Callable:
-    """Python's audit hook, for the life of the interpreter (an audit hook cannot be removed): the guards'
-    state, and the ways around them it refuses.
+def _start_thread(function, args, kwargs=None):
+    """``_thread.start_new_thread`` when grading: the thread runs under the guard's thread profile from
+    its first call. Python 3.11 cannot profile a thread from another one, and a thread started before
+    a check (an earlier cell's pool) would run the reference unseen while the answer waits for it.
+    The audit hook starts the thread; this function holds no way to the real start."""
+    done = []
+    _audit(_REAL, done, "start_new_thread", (function, args, kwargs))
+    return done[0]
+
+
+def _create_builtin_module(spec):
+    """``_imp.create_builtin`` when grading, which makes no fresh copy of a module whose functions grading
+    replaced (``_thread``, ``_imp``, ``_signal``): the copy would hold the real ones."""
+    done = []
+    _audit(_REAL, done, "create_builtin", (spec.name,))
+    return done[0]
+
+
+def _set_signal_handler(signalnum, handler):
+    """``_signal.signal`` when grading: no handler of the answer's own, which could raise an exception in
+    the middle of the audit hook (its frame, and with it the guards' state, would go with the exception)."""
+    done = []
+    _audit(_REAL, done, "signal", (signalnum, handler))
+    return done[0]
+
+
+def _raise_signal(signalnum):
+    """``signal.raise_signal`` when grading: not for the answer (a KeyboardInterrupt raised in the hook)."""
+    done = []
+    _audit(_REAL, done, "raise_signal", (int(signalnum),))
+    return done[0]
+
+
+def _interrupt_main(signum=signal.SIGINT):
+    """``_thread.interrupt_main`` when grading: not for the answer, as ``_raise_signal``."""
+    done = []
+    _audit(_REAL, done, "interrupt_main", (int(signum),))
+    return done[0]
+
+
+# what grading replaces, for good: (module, its namespace, name, replacement)
+_REPLACED = [("_thread", vars(_thread), "start_new_thread", _start_thread),
+             ("_thread", vars(_thread), "start_new", _start_thread),
+             ("threading", vars(threading), "_start_new_thread", _start_thread),
+             ("_imp", vars(_imp), "create_builtin", _create_builtin_module),
+             ("_signal", vars(_signal), "signal", _set_signal_handler),
+             ("_signal", vars(_signal), "raise_signal", _raise_signal),
+             ("signal", vars(signal), "raise_signal", _raise_signal),
+             ("_thread", vars(_thread), "interrupt_main", _interrupt_main)]
+
+
+def _refuser(candidates: frozenset, attributes: frozenset) -> Callable:
+    """The second audit hook: raises the refusal the first one decided on, for the events it can refuse.
+    The first never lets an exception out (its frame would go with it, and the frame holds the guards'
+    state); this one holds nothing but the names below."""
+    audit, ask = sys.audit, _PENDING
+
+    def refuse(event: str, args) -> None:
+        if event in candidates or event[:7] == "ctypes." or (
+                event[:7] == "object." and len(args) > 1 and type(args[1]) is str and args[1] in attributes):
+            refusal = []
+            audit(ask, refusal)
+            if refusal:
+                kind, message = refusal[0]
+                raise kind(message)
+
+    return refuse
+
+
+def _audit_hook(machinery: list[tuple[str, object, str, object]],
+                whole: list[tuple[str, dict]]) -> tuple[Callable, Callable]:
+    """Python's audit hooks, for the life of the interpreter (an audit hook cannot be removed): the guards'
+    state, and the ways around them it refuses; and the hook that raises the refusals (``_refuser``).
 
     The state lives in this closure, which no name reaches: only the interpreter holds the hook, and
-    walking the interpreter's objects to find it is refused. Each guard gets a random secret name on
+    walking the interpreter's objects to find it is refused. No exception leaves the hook, since its
+    traceback would hold the hook's frame and the frame the closure: what it refuses, the second hook
+    raises afresh (``defer``); an exception it meets (a signal's, memory running out) refuses the event
+    and fails every running check; and when grading, the answer's ways to put an exception of its own
+    inside it (a signal handler, a signal sent) are refused. No code of the answer's runs in it either
+    (its frame's ``f_back`` would lead here): only exact built-in types are read, and a namespace the
+    checks look names up in is first checked to hold str keys alone. Each guard gets a random secret name on
     entering (``_ENTER``, raised by ``ReferenceGuard.__enter__`` itself, or ignored), with its trusted
     and excused code; ``_RECORD`` keeps the first reason given for a guard; ``_EXIT`` hands the record
     back once and forgets the guard. The profile functions' events (``_PROFILE_EVENT``) drive the trust
@@ -316,19 +406,32 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
       from Python and the screen only what is written. The call raises instead of happening, while a
       guard runs and, when grading, at any time: a cell of the student's own gets nothing from it either.
 
+    When grading begins (``take_over``) it replaces the functions that start threads, make fresh
+    built-in modules and set or send signals (``_REPLACED``), keeping the real ones here: every thread
+    then starts under the thread profile, however started.
+
     What it needs is taken now, into this closure: rebinding the module's names changes nothing, and
-    nothing it calls is Python code an answer could have replaced (its objects are read only when they
-    have the exact built-in type expected). Every other event returns at once.
+    nothing it calls is Python code an answer could have replaced. Every other event returns at once.
     """
     enter_code, exit_code = ReferenceGuard.__enter__.__code__, ReferenceGuard.__exit__.__code__
-    setters = frozenset({enter_code, exit_code, threading.Thread._bootstrap_inner.__code__})
+    setprofile, thread_profile, real, interrupt_main = (_setprofile, _THREAD_PROFILE, dict(_REAL_FUNCTIONS),
+                                                        _REAL_FUNCTIONS["interrupt_main"])
+    replaced, Namespace = list(_REPLACED), types.SimpleNamespace
+    asking = {replacement.__code__: name for _, _, name, replacement in replaced}  # the code that may ask for each
+    asking[_start_thread.__code__] = "start_new_thread"
+
+    def run_watched(function, args, kwargs):  # a thread's first call when grading: the profile, then its work
+        setprofile(thread_profile)
+        return function(*args, **kwargs)
+
+    setters = frozenset({enter_code, exit_code, threading.Thread._bootstrap_inner.__code__, run_watched.__code__})
     threads_setprofile = _threads_setprofile.__code__
     getframe, new_token, get_ident, sep = _getframe, os.urandom, threading.get_ident, os.sep
     inside, course, exercises_file, parent, installed = _INSIDE, _COURSE, _EXERCISES_FILE, _PARENT, _INSTALLED
     reach_events, reach_attributes, reached_through_stdlib, stdlib = (
         dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
     profile_event, thread_event, enter, record_event, leave = _PROFILE_EVENT, _THREAD_EVENT, _ENTER, _RECORD, _EXIT
-    own_events = frozenset([thread_event, enter, record_event, leave])
+    own_events = frozenset([enter, record_event, leave, _REAL, _PENDING])
     switched_off, nested = SWITCHED_OFF, NESTED
     FrameType, CodeType = types.FrameType, types.CodeType
     # grading (GRADING_ENV set), once seen, for good: a kernel forked from the autograder's zygote gets the
@@ -392,9 +495,8 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
         frame = frame_at(2)  # 0: here, 1: audit, 2: the code that raised the event
         # what no installed code does for an answer, the first caller outside the standard library (which
         # starts a process in subprocess.Popen, calls ctypes' C through ctypes/__init__.py) is asked about
-        while through_stdlib and frame is not None and frame.f_code.co_filename.startswith(stdlib):
-            frame = frame.f_back
-        if frame is None or not is_answer(frame.f_code.co_filename):
+        if not (asked_by_answer(frame) if through_stdlib else frame is not None and is_answer(
+                frame.f_code.co_filename)):
             return None
         named = f"{event}: {args[1]}" if event.startswith("object.") else event
         return f"the answer {what} ({named}), a way around the guard against calling the reference"
@@ -408,9 +510,16 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
 
     sizes = [(what, namespace, size(namespace)) for what, namespace in whole]
     missing = object()
+    namespaces = list({id(namespace): namespace for _, namespace, _, _, mapping in held if mapping}.values())
 
     def changed() -> str | None:
-        """The first part of the checks' machinery that is not what it was (``_machinery``), or None."""
+        """The first part of the checks' machinery that is not what it was (``_machinery``), or None.
+        First, that every key of the namespaces looked into is a str: the lookups below would run the
+        __eq__ of any other key whose hash matches (a str subclass set as an attribute, say), in here."""
+        for namespace in namespaces:
+            for key in list(namespace):  # a copy in one step: another thread may import meanwhile
+                if type(key) is not str:
+                    return "a key that is not a str, in a namespace the checks read"
         for what, namespace, name, value, mapping in held:
             now = namespace.get(name, missing) if mapping else getattr(namespace, name, missing)
             if now is not value:
@@ -423,78 +532,169 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]], whole: list[tu
     def refusal(part: str) -> str:
         return f"the checks' own machinery was changed ({part}), a way around the guard against calling the reference"
 
+    def take_over() -> None:
+        """From the moment grading begins: threads start under the thread profile (threading's own set
+        its _profile_hook as they start), and the answer's way to an exception inside this hook (a signal
+        handler of its own, a signal sent) goes through here. Putting a real function back (a fresh copy of
+        its module, a name rebound) is a change to the machinery."""
+        for module, namespace, name, value in [*replaced, ("threading", vars(threading), "_profile_hook",
+                                                            thread_profile)]:
+            namespace[name] = value
+            held.append((f"{module}.{name}", namespace, name, value, True))
+            namespaces.append(namespace)
+
+    def call_real(done: list, name: str, args: tuple) -> None:
+        """The real function's work for its replacement, with the checks the real one makes of its arguments,
+        and none of the answer's code run in here."""
+        if name == "start_new_thread":
+            function, arguments, kwargs = args
+            if not callable(function):
+                raise TypeError("first arg must be callable")
+            if type(arguments) is not tuple:
+                raise TypeError("2nd arg must be a tuple")
+            if kwargs is not None and type(kwargs) is not dict:
+                raise TypeError("optional 3rd arg must be a dictionary")
+            done.append(real[name](run_watched, (function, arguments, kwargs or {})))
+            return
+        if name == "create_builtin":
+            if type(args[0]) is not str:
+                raise TypeError("a module spec's name must be a str")
+            if args[0] in ("_thread", "_imp", "_signal"):
+                raise RuntimeError(f"a fresh copy of the module {args[0]} is refused while grading (it would hold "
+                                   "the functions grading replaced)")
+            done.append(real[name](Namespace(name=args[0])))  # the name alone: no object of the answer's is read
+            return
+        if not all(type(a) is int for a in args[:1]) or (name == "signal" and type(args[1]) is not int and (
+                grading and asked_by_answer(frame_at(3)))):  # 0: here, 1: audit, 2: the replacement, 3: its caller
+            raise RuntimeError(f"the answer set a signal handler of its own ({name}), a way around the guard "
+                               "against calling the reference" if name == "signal" else
+                               f"the signal number must be an int, got {type(args[0]).__name__}")
+        if name != "signal" and grading and asked_by_answer(frame_at(3)):
+            raise RuntimeError(f"the answer sent a signal ({name}), a way around the guard against calling the "
+                               "reference")
+        done.append(real[name](*args))
+
+    def asked_by_answer(frame) -> bool:
+        """Whether the first caller outside the standard library, from ``frame`` up, is the answer's code."""
+        while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+            frame = frame.f_back
+        return frame is not None and is_answer(frame.f_code.co_filename)
+
+    pending: dict[int, tuple] = {}  # thread -> (exception type, message): a refusal for _refuser to raise
+    # the events this hook may refuse (the attributes' events only for reach_attributes): _refuser's too
+    candidates = frozenset([*reach_events, *reached_through_stdlib, _REAL, leave, "exec", "sys.setprofile"])
+
+    def defer(event: str, err: BaseException) -> None:
+        """What this hook raised (a refusal) or met (a signal's exception, memory or recursion running out),
+        kept for _refuser to raise as a fresh exception, with no frame of this hook's in its traceback."""
+        kind = type(err)
+        if kind is KeyboardInterrupt:
+            interrupt_main()  # raised again in the main thread, outside this hook
+            return
+        if kind in (RuntimeError, TypeError) and err.args and type(err.args[0]) is str:
+            why = err.args[0]
+        else:  # anything else is a failure of the guard's: refused, and every running check's record says so
+            kind, why = RuntimeError, f"the guard could not decide on {event} (it met an exception): refused"
+            for run in running.values():
+                record(run, why)
+        if event in candidates or event[:7] == "ctypes." or event[:7] == "object.":
+            pending[get_ident()] = (kind, why)
+
     def audit(event: str, args) -> None:
         nonlocal innermost, grading
-        # the profiler's events first, (frame, "call" or "return" or "c_call"..., arg): they come for every call
-        # the answer makes. Per frame running now, whether it runs on a trusted function's behalf: trust
-        # passes to what a trusted function calls, but not through the answer's own code (a trusted helper
-        # that calls back into the answer, as an int subclass's __lt__ or an object's __array__, gives that
-        # code no trust). Kept by frame, not as a stack, so that an event the answer makes up (it can call the
-        # profile function itself) can only take trust away: a frame no call was seen for is not trusted
-        if event == profile_event:
-            if innermost and len(args) == 3 and type(args[0]) is FrameType and type(args[1]) is str:
-                frame, kind = args[0], args[1]
-                trusted, excused, trust = innermost[1], innermost[2], innermost[3]
-                if kind == "call":
-                    code = frame.f_code
-                    caller_trusted = trust.get(frame.f_back, False)
-                    trust[frame] = code in trusted or (caller_trusted and not is_answer(code.co_filename))
-                    if (not caller_trusted and code not in trusted and code not in excused
-                            and (code is threads_setprofile or is_reference(code.co_filename))):
-                        count(innermost, frame)
-                elif kind == "return":
-                    trust.pop(frame, None)
-            return
-        if event == "object.__getattr__" and (not running or len(args) != 2 or type(args[1]) is not str
-                                              or args[1] not in reach_attributes):
-            return  # the profiler's own reads of f_code, and every attribute no way around the guard reads
-        grading = grading or grading_key in environ
-        if not (running or grading or event in own_events):
-            return  # a student's own session, no check running: nothing to keep or refuse
-        # the guards' own events can be raised by an answer too, with objects of its own: only exact types are
-        # read, so that no code of the answer's (an __eq__, an append) runs in here
-        kinds = tuple(map(type, args))
-        if event == thread_event:
-            if innermost and kinds[:2] == (FrameType, str) and args[1] == "call":
-                count(innermost, args[0], " (in a thread the answer started)")
-        elif event == enter and kinds == (list, frozenset, frozenset) and raised_by(enter_code) and all(
-                type(code) is CodeType for code in args[1] | args[2]):
-            for run in running.values():  # no check runs inside another: only an answer starts a guard while one runs
-                record(run, nested)
-            token = new_token(16)
-            running[token] = innermost = [None, args[1], args[2], {}]
-            part = changed()
-            if part:
-                record(innermost, refusal(part))
-            args[0].append(token)
-        elif event == record_event and kinds[:1] == (bytes,) and len(args) == 2:
-            record(running.get(args[0]), args[1])
-        elif event == leave and kinds == (bytes, list) and raised_by(exit_code):
-            if args[0] not in running:
-                raise RuntimeError("this guard is not running: it has exited already")
-            part = changed()
-            if part:
-                record(running[args[0]], refusal(part))
-            args[1].append(running.pop(args[0])[0])
-            innermost = next(reversed(running.values()), None)
-        elif event == "sys.setprofile":
-            setter = frame_at(1) if running else None  # 0: here, 1: the code that called it
-            for run in running.values() if setter is None or setter.f_code not in setters else ():
-                record(run, switched_off)
-        else:
-            # a notebook cell about to run (a file of ipykernel's; code the standard library builds has a name
-            # of its own, as namedtuple's): IPython reports what this raises as the cell's error
-            part = (grading and event == "exec" and kinds == (CodeType,) and args[0].co_filename.startswith(sep)
-                    and is_answer(args[0].co_filename) and changed())
-            if part:
-                raise RuntimeError(refusal(part) + ": no cell runs after that")
-            why = around(event, args)
-            if why:
+        try:
+            # the profiler's events first, (frame, "call" or "return" or "c_call"..., arg): they come for every call
+            # the answer makes. Per frame running now, whether it runs on a trusted function's behalf: trust
+            # passes to what a trusted function calls, but not through the answer's own code (a trusted helper
+            # that calls back into the answer, as an int subclass's __lt__ or an object's __array__, gives that
+            # code no trust). Kept by frame, not as a stack, so that an event the answer makes up (it can call the
+            # profile function itself) can only take trust away: a frame no call was seen for is not trusted
+            if event == thread_event:  # every call in every thread watched: counted only while a guard runs
+                if innermost and len(args) == 3 and type(args[0]) is FrameType and type(args[1]) is str and (
+                        args[1] == "call"):
+                    count(innermost, args[0], " (in another thread)")
+                return
+            if event == profile_event:
+                if innermost and len(args) == 3 and type(args[0]) is FrameType and type(args[1]) is str:
+                    frame, kind = args[0], args[1]
+                    trusted, excused, trust = innermost[1], innermost[2], innermost[3]
+                    if kind == "call":
+                        code = frame.f_code
+                        caller_trusted = trust.get(frame.f_back, False)
+                        trust[frame] = code in trusted or (caller_trusted and not is_answer(code.co_filename))
+                        if (not caller_trusted and code not in trusted and code not in excused
+                                and (code is threads_setprofile or is_reference(code.co_filename))):
+                            count(innermost, frame)
+                    elif kind == "return":
+                        trust.pop(frame, None)
+                return
+            if event == "object.__getattr__" and (not running or len(args) != 2 or type(args[1]) is not str
+                                                  or args[1] not in reach_attributes):
+                return  # the profiler's own reads of f_code, and every attribute no way around the guard reads
+            if not grading and grading_key in environ:
+                grading = True
+                take_over()
+            if not (running or grading or event in own_events):
+                return  # a student's own session, no check running: nothing to keep or refuse
+            # the guards' own events can be raised by an answer too, with objects of its own: only exact types are
+            # read, so that no code of the answer's (an __eq__, an append) runs in here
+            kinds = tuple(map(type, args))
+            if event == _REAL and kinds == (list, str, tuple):
+                asker = frame_at(1)  # 0: here, 1: the code that raised the event
+                if asker is not None and asking.get(asker.f_code) == args[1]:
+                    call_real(*args)
+            elif event == _PENDING and kinds == (list,):
+                waiting = pending.pop(get_ident(), None)
+                if waiting is not None:
+                    args[0].append(waiting)
+            elif event == enter and kinds == (list, frozenset, frozenset) and raised_by(enter_code) and all(
+                    type(code) is CodeType for code in args[1] | args[2]):
+                # no check runs inside another: only an answer starts a guard while one runs
                 for run in running.values():
-                    record(run, why)
-                raise RuntimeError(why)  # and it does not happen: the answer gets nothing from it
+                    record(run, nested)
+                token = new_token(16)
+                running[token] = innermost = [None, args[1], args[2], {}]
+                part = changed()
+                if part:
+                    record(innermost, refusal(part))
+                args[0].append(token)
+            elif event == record_event and kinds[:1] == (bytes,) and len(args) == 2:
+                record(running.get(args[0]), args[1])
+            elif event == leave and kinds == (bytes, list) and raised_by(exit_code):
+                if args[0] not in running:
+                    raise RuntimeError("this guard is not running: it has exited already")
+                part = changed()
+                if part:
+                    record(running[args[0]], refusal(part))
+                args[1].append(running.pop(args[0])[0])
+                innermost = next(reversed(running.values()), None)
+            elif event == "sys.setprofile":
+                setter = frame_at(1)  # 0: here, 1: the code that called it
+                if setter is None or setter.f_code not in setters:
+                    for run in running.values():
+                        record(run, switched_off)
+                    why = grading and around(event, args)  # a thread of the answer's taking its own profile off
+                    if why:
+                        raise RuntimeError(why)
+            else:
+                # a notebook cell about to run (a file of ipykernel's; code the standard library builds has a name
+                # of its own, as namedtuple's): IPython reports what this raises as the cell's error
+                part = (grading and event == "exec" and kinds == (CodeType,) and args[0].co_filename.startswith(sep)
+                        and is_answer(args[0].co_filename) and changed())
+                if part:
+                    raise RuntimeError(refusal(part) + ": no cell runs after that")
+                why = around(event, args)
+                if why:
+                    for run in running.values():
+                        record(run, why)
+                    raise RuntimeError(why)  # and it does not happen: the answer gets nothing from it
+        except BaseException as err:
+            try:
+                defer(event, err)
+            except BaseException:
+                pass
 
-    return audit
+    return audit, _refuser(candidates, frozenset(reach_attributes))
 
 
 
@@ -885,4 +1085,5 @@ _SWAPPED_BUILTINS = {"input", "exit", "quit", "get_ipython", "display", "help", 
 _CALLED_AROUND_THE_GUARD = {"numpy.random": ["default_rng"], "torch": ["tensor"],
                             "IPython.display": ["display"], "IPython.core.display_functions": ["display"]}
 
-sys.addaudithook(_audit_hook(*_machinery()))
+# the hooks run in the order added: the one that decides, then the one that raises what it decided
+list(map(sys.addaudithook, _audit_hook(*_machinery())))
