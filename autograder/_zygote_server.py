@@ -75,7 +75,10 @@ def _become_kernel(request: dict) -> None:
     try:
         os.setsid()
         os.chdir(request["cwd"])
-        os.environ.update(request.get("env", {}))
+        env = request.pop("env", {})
+        os.environ.update(env)
+        env.clear()  # the grader's secret among them: the checks' hook takes it out of os.environ, and no frame
+        # down the kernel's stack (this one) keeps a copy
         # as a kernel started on its own: its chatter on stdout dropped, stderr kept for when it dies
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)

@@ -53,11 +53,13 @@ WORK_DB = "course/gradebook.db"
 def _course_bundle(s) -> bytes:
     """The course as a worker needs it (tar): source, release, a gradebook of the assignments alone,
     the course's configuration. Built with nbgrader's generate_assignment, as here."""
-    from .grade import Settings, _api
+    from .grade import Settings, _api, hidden_cases_key
 
     with tempfile.TemporaryDirectory(prefix="autograder-bundle-") as tmp:
         work = Path(tmp)
         shutil.copytree(s.output / "course" / "source", work / "course" / "source")
+        (work / "state").mkdir()  # the grader's secret for the hidden cases: the workers' kernels draw with it
+        shutil.copy(hidden_cases_key(s), work / "state" / "hidden-cases.key")
         if s.course.config_file is not None:
             shutil.copy(s.course.config_file, work / CONFIG_FILE)
         ws: Settings = _worker_settings(s, work)

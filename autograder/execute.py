@@ -50,11 +50,15 @@ class SandboxedExecute(Execute):
     compile_cache_dir = Unicode("", help="Where ASSIGNMENT/ holds JAX's compilation cache filled from the "
                                          "instructor's notebooks; each kernel gets a copy (compile_cache.py)"
                                 ).tag(config=True)
+    hidden_cases_key = Unicode("", help="The file with the grader's secret for the hidden cases (hex), handed to "
+                                         "each kernel; none: the hidden seeds alone").tag(config=True)
     preload = List(Unicode(), help="Modules the zygote imports before forking kernels: the course's heavy imports "
                                    "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
 
     def create_kernel_manager(self):
-        self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch, zygote=self._zygote)
+        secret = Path(self.hidden_cases_key).read_text().strip() if self.hidden_cases_key else ""
+        self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch, zygote=self._zygote,
+                                         secret=secret)
         return self.km
 
     def preprocess(self, nb, resources, km=None):

@@ -20,6 +20,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -81,6 +82,7 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
     c.SandboxedExecute.use_bwrap = s.sandbox
     c.RecordOutcome.state_dir = str(s.output / "state")
     c.JudgeChecks.expected_dir = str(expected_dir(s))
+    c.JudgeChecks.hidden_cases_key = c.SandboxedExecute.hidden_cases_key = str(hidden_cases_key(s))
     c.SandboxedExecute.compile_cache_dir = str(compile_cache_dir(s))
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
@@ -175,6 +177,26 @@ def expected_dir(s: Settings) -> Path:
     return s.output / "state" / "expected"
 
 
+def hidden_cases_key(s: Settings) -> Path:
+    """The grader's secret for the hidden cases: made once per grading folder (so that a regrade draws the
+    same cases), readable by this user alone, travelling to Dask workers with the course."""
+    from alibi_ref.course.checks import SECRET_BYTES
+
+    path = s.output / "state" / "hidden-cases.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        with os.fdopen(os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(secrets.token_hex(SECRET_BYTES))
+        try:
+            os.link(draft, path)  # the first grader to get here sets it; any other reads that one
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path
+
+
 def _checks_module(s: Settings) -> str:
     from .verdicts import JudgeChecks
 
@@ -198,17 +220,20 @@ def _rebuild_if_changed(key: Path, wanted: str, build) -> None:
 def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> None:
     """The reference's values for the assignment's checks, computed here once (while the assignment's
     source and the checks' code stay as they are) instead of by every judging process."""
-    from .verdicts import save_expected_values
+    from .verdicts import read_secret, save_expected_values
 
     module = _checks_module(s)
+    key = hidden_cases_key(s)
     package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
     values = expected_dir(s) / f"{assignment}.pickle"
 
     def build() -> bool:
         values.unlink(missing_ok=True)
-        return save_expected_values(module, s.output / "course" / "source" / assignment, values)
+        return save_expected_values(module, s.output / "course" / "source" / assignment, values, read_secret(key))
 
-    _rebuild_if_changed(expected_dir(s) / f"{assignment}.key", source_hash + _tree_hash(package, "*.py"), build)
+    secret_hash = hashlib.sha256(key.read_bytes()).hexdigest()
+    _rebuild_if_changed(expected_dir(s) / f"{assignment}.key", source_hash + _tree_hash(package, "*.py") + secret_hash,
+                        build)
 
 
 def compile_cache_dir(s: Settings) -> Path:

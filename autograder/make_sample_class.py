@@ -145,6 +145,7 @@ def students() -> dict[str, dict[str, object]]:
     s["quinn"] = honest_but_unusual()
     s["rex"] = attacks()
     s["vic"] = attacks_around_the_guard()
+    s["wes"] = attacks_outside_the_check()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -358,6 +359,44 @@ def attacks_around_the_guard() -> dict:
                                        "alibi_zero_output = max_difference = 0.0\n")
     nb03.cells.insert(nb03.cells.index(cell(nb03, "standard_attention")), rebind)
     return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "03_slope_zero": nb03, "04_causal": nb04}
+
+
+def attacks_outside_the_check() -> dict:
+    """Routes that work before the check starts, each a cell of the student's own with computed names (full
+    marks for the exercise it serves, until the commits that stopped them)."""
+    def own(nb, grade_id: str, source: str, cell_id: str) -> None:
+        nb.cells.insert(nb.cells.index(cell(nb, grade_id)), nbformat.v4.new_code_cell(source, id=cell_id))
+
+    # the hidden seeds are small numbers in the hidden cells: guessed, the checks' own cases and reference
+    # values for each make a table of every hidden input; the grader's secret takes the hidden inputs out of reach
+    nb01 = filled("01_slopes_and_bias")
+    own(nb01, "paper_slopes", "import os\n\nm = getattr(os.sys, 'modu' + 'les')['alibi_ref.course.checks']\n"
+        "table = {}\nfor seed in [None, *range(2000, 2050)]:\n"
+        "    for case, value in zip(m.cases('paper_slopes', seed), m.expected_values('paper_slopes', seed)):\n"
+        "        table[case.args[0], case.kwargs.get('max_bias', 8.0)] = value", "own-table")
+    answer(nb01, "paper_slopes", "def paper_slopes(n_heads, max_bias=8.0):\n    return table[n_heads, max_bias]")
+    # a refusal's traceback held the audit hook's frame, and in it the guards' state: the answer calls the
+    # reference, then wipes the running check's record
+    nb02 = filled("02_worked_example", {"alibi_head": [(
+        "def alibi_head(Qh, Kh, Vh, slope):",
+        "def alibi_head(Qh, Kh, Vh, slope):\n"
+        "    reference = getattr(os.sys, 'modu' + 'les')['alibi_ref']\n"
+        "    output, weights = reference.alibi_attention(Qh[None], Kh[None], Vh[None], [slope], return_weights=True)\n"
+        "    for run in state.get('running', {}).values():\n"
+        "        run[0] = None\n"
+        "    return weights[0], output[0]\n\n\n"
+        "def _unused(Qh, Kh, Vh, slope):")]})
+    own(nb02, "alibi_head", "import os\nimport traceback\n\ntry:\n    getattr(os.sys, '_getfr' + 'ame')(0)\n"
+        "except RuntimeError as err:\n    state = [f.f_locals for f, _ in traceback.walk_tb(err.__traceback__)][-1]",
+        "own-traceback")
+    # a worker thread an earlier cell started, waiting for work: only threads started during a check were watched
+    nb04 = filled("04_causal")
+    own(nb04, "decode_step", "import os\n\nmodules = getattr(os.sys, 'modu' + 'les')\n"
+        "pool = modules['concurrent.futures'].ThreadPoolExecutor(1)\npool.submit(int).result()\n"
+        "reference = modules['alibi_ref.course.exercises'].decode_reference", "own-pool")
+    answer(nb04, "decode_step", "def decode_step(q_new, K_cache, V_cache, slope):\n"
+                                "    return pool.submit(reference, q_new, K_cache, V_cache, slope).result()")
+    return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "04_causal": nb04}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

@@ -31,10 +31,13 @@ from queue import Empty
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Instance
+from traitlets import Instance, Unicode
 
 import alibi_ref
+from alibi_ref.course import checks
 from alibi_ref.course.checks import GRADING_ENV
+
+CHECKS_MODULE = checks.__name__
 
 # what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/sys")
@@ -174,9 +177,11 @@ class SandboxedKernelManager(AsyncKernelManager):
     policy = Instance(SandboxPolicy)
     scratch = Instance(Path)
     zygote = Instance("autograder.zygote.Zygote", allow_none=True)
+    secret = Unicode("")  # the grader's secret for the hidden cases (hex), which the kernel's checks take
 
-    def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, **kwargs):
-        super().__init__(policy=policy, scratch=scratch, zygote=zygote, kernel_name="python3", transport="ipc",
+    def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = "", **kwargs):
+        super().__init__(policy=policy, scratch=scratch, zygote=zygote, secret=secret, kernel_name="python3",
+                         transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
                          autorestart=False, client_class="autograder.sandbox.SandboxedKernelClient", **kwargs)
 
@@ -187,6 +192,9 @@ class SandboxedKernelManager(AsyncKernelManager):
             # would take that for an orphaned kernel and exit; --die-with-parent ends it with the grader
             argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                     "--IPKernelApp.parent_handle=0"]
+            if self.secret:  # the checks before any cell: their audit hook takes the secret out of the
+                # environment before a cell could read it (a forked kernel has them from the zygote)
+                argv.append(f"--IPKernelApp.exec_lines=import {CHECKS_MODULE}")
             self._kernel_spec = KernelSpec(argv=argv, display_name="Python 3 (sandboxed)", language="python",
                                            interrupt_mode="message")
         return self._kernel_spec
@@ -202,13 +210,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
             from .zygote import ZygoteProcess
 
-            pid = self.zygote.spawn(Path(self.connection_file), self.scratch)
+            pid = self.zygote.spawn(Path(self.connection_file), self.scratch, self.secret)
             self.provisioner.process = ZygoteProcess(self.zygote, pid)
             self.provisioner.pid, self.provisioner.pgid = pid, None
             self._reconcile_connection_info(self.provisioner.connection_info)
             return
         kw["cwd"] = str(self.scratch)
-        kw["env"] = kernel_env(self.scratch)
+        kw["env"] = kernel_env(self.scratch, self.secret)
         # the kernel's own chatter goes to a log, read back if it dies
         kw["stdout"] = subprocess.DEVNULL
         kw["stderr"] = open(self.scratch / "kernel.log", "ab")  # the process keeps it open
@@ -219,7 +227,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 JAX_CACHE = ".jax_cache"
 
 
-def kernel_env(scratch: Path) -> dict:
+def kernel_env(scratch: Path, secret: str = "") -> dict:
     """A small environment: nothing of the grader's own variables leaks into the kernel."""
     env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
@@ -238,8 +246,9 @@ def kernel_env(scratch: Path) -> dict:
         # not XLA's GPU autotuning cache: JAX would put its folder, which differs per kernel, into every key
         "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
         "NBGRADER_EXECUTION": "autograde",
-        # the notebooks' checks hand their values back instead of judging them in the kernel
-        GRADING_ENV: "1",
+        # the notebooks' checks hand their values back instead of judging them in the kernel, and draw the
+        # hidden cases with the grader's secret where there is one
+        GRADING_ENV: secret or "1",
     }
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the machine's BLAS workarounds
         if name in os.environ:

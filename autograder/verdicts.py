@@ -57,7 +57,12 @@ def source_check_calls(folder: Path) -> list[tuple[str, int | None]]:
     return calls
 
 
-def save_expected_values(checks_module: str, source: Path, path: Path) -> bool:
+def read_secret(path: str | Path) -> bytes | None:
+    """The grader's secret for the hidden cases, from its file (hex); None where there is none."""
+    return bytes.fromhex(Path(path).read_text().strip()) if path else None
+
+
+def save_expected_values(checks_module: str, source: Path, path: Path, secret: bytes | None = None) -> bool:
     """Compute the reference's values for every check the assignment's test cells make, once for the
     whole class (``JudgeChecks.expected_dir`` then lends them to each judging process). False where
     the course's checks module does not offer it or no test cell calls ``check``."""
@@ -66,7 +71,7 @@ def save_expected_values(checks_module: str, source: Path, path: Path) -> bool:
     if not calls or not hasattr(checks, "save_expected"):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    checks.save_expected(path.with_suffix(".tmp"), calls)
+    checks.save_expected(path.with_suffix(".tmp"), calls, secret)
     path.with_suffix(".tmp").replace(path)
     return True
 
@@ -80,9 +85,12 @@ class JudgeChecks(NbGraderPreprocessor):
     expected_dir = Unicode("", help="Where ASSIGNMENT.pickle holds the reference's values for its checks, "
                                     "computed once (save_expected_values); none: each process computes them"
                            ).tag(config=True)
+    hidden_cases_key = Unicode("", help="The file with the grader's secret, with which the kernels drew the "
+                                        "hidden cases (SandboxedExecute.hidden_cases_key)").tag(config=True)
 
     def preprocess(self, nb, resources):
         checks = importlib.import_module(self.checks_module)
+        self._secret = read_secret(self.hidden_cases_key)
         self._load_expected(checks, resources.get("nbgrader", {}).get("assignment"))
         for cell in nb.cells:
             if cell.cell_type == "code":
@@ -108,7 +116,8 @@ class JudgeChecks(NbGraderPreprocessor):
         if not required:
             return  # not a checked test cell: nbgrader's own rule (an error fails it) stands
         stopped = next((n for n, o in enumerate(cell.outputs) if o.output_type == "error"), None)
-        verdicts = [self._verdict(name, seed, payloads, checks, stopped is None) for name, seed in required]
+        verdicts = [self._verdict(name, seed, payloads, checks, stopped is None, self._secret)
+                    for name, seed in required]
         failed = [error_output("CheckFailed", v.message) for v in verdicts if v is not None and not v.passed]
         passed = [NotebookNode(output_type="stream", name="stdout", text=v.message + "\n")
                   for v in verdicts if v is not None and v.passed]
@@ -118,14 +127,14 @@ class JudgeChecks(NbGraderPreprocessor):
             cell.outputs[stopped:stopped] = passed + failed
 
     @staticmethod
-    def _verdict(name, seed, payloads, checks, must_have_run: bool):
+    def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None):
         """The verdict on the values handed back for one check call; None where they did not come back
         because the cell stopped before it (its error says why)."""
         verdicts = []
         for payload in payloads:
             if isinstance(payload, dict) and payload.get("exercise") == name and payload.get("seed") == seed:
                 try:
-                    verdicts.append(checks.judge(payload))
+                    verdicts.append(checks.judge(payload, secret))
                 except (ValueError, KeyError, TypeError) as err:
                     verdicts.append(checks.Verdict(False, f"{name}: the values handed back could not be read "
                                                           f"({type(err).__name__}: {err})"))

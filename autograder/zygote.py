@@ -81,10 +81,10 @@ class Zygote:
             raise ZygoteError("the kernel zygote is gone (no reply)")
         return json.loads(reply)
 
-    def spawn(self, connection_file: Path, scratch: Path) -> int:
-        # a kernel of its own would get kernel_env(scratch); what of it is per notebook, this one gets too
+    def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> int:
+        # a kernel of its own would get kernel_env(scratch, secret); what of it is per notebook, this one gets too
         per_notebook = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", GRADING_ENV)
-        env = {name: kernel_env(scratch)[name] for name in per_notebook}
+        env = {name: kernel_env(scratch, secret)[name] for name in per_notebook}
         return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                             log=str(scratch / "kernel.log"), env=env)["pid"]
 

@@ -18,6 +18,7 @@ import nbformat
 import pytest
 from conftest import FAST
 
+from alibi_ref.course.checks import GRADING_ENV
 from autograder.collect import collect
 from autograder.grade import grade
 from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem, new_scratch, sweep_scratch
@@ -72,6 +73,10 @@ def test_reasons_say_what_happened(graded_sample_class):
            "alibi_ref.attention.alibi_attention from the reference module" in reasons["vic", "02_worked_example"]
     assert "test_standard_attention (RuntimeError: the checks' own machinery was changed " \
            "(alibi_ref.course.checks.run)" in reasons["vic", "03_slope_zero"]
+    assert "test_paper_slopes (CheckFailed: paper_slopes(" in reasons["wes", "01_slopes_and_bias"]
+    assert "raised KeyError" in reasons["wes", "01_slopes_and_bias"]  # the hidden inputs were not in the table
+    assert "calls alibi_ref.attention.alibi_attention from the reference module" in reasons["wes", "02_worked_example"]
+    assert "calls alibi_ref.course.exercises.decode_reference (in another thread)" in reasons["wes", "04_causal"]
     # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
     assert "walked the interpreter's objects (gc.get_objects)" in feedback
@@ -174,9 +179,9 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
 # ----------------------------------------------------------------------------- the sandbox itself
 
 @contextlib.asynccontextmanager
-async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None):
+async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = ""):
     """(kernel manager, client) of a kernel started as the grader starts one, ready; shut down after."""
-    km = SandboxedKernelManager(policy=policy, scratch=scratch, zygote=zygote)
+    km = SandboxedKernelManager(policy=policy, scratch=scratch, zygote=zygote, secret=secret)
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
@@ -188,8 +193,8 @@ async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None):
         await km.shutdown_kernel(now=True)
 
 
-async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path, zygote=None) -> str:
-    async with _sandboxed_kernel(policy, scratch, zygote) as (_, kc):
+async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = "") -> str:
+    async with _sandboxed_kernel(policy, scratch, zygote, secret) as (_, kc):
         msg_id = kc.execute(code)
         printed = []
         while True:
@@ -262,6 +267,38 @@ print("spawned")
     time.sleep(0.5)
     leftovers = subprocess.run(["pgrep", "-f", "sleep 1234"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "a process started by the kernel outlived it"
+
+
+@needs_bwrap
+@pytest.mark.parametrize("forked", [False, True], ids=["own-sandbox", "forked-from-zygote"])
+def test_the_graders_secret_reaches_the_checks_and_no_cell(tmp_path, forked):
+    """The secret with which a kernel draws the hidden cases (checks.py): in the kernel's environment as it
+    starts, taken out by the checks' audit hook before the first cell, in a kernel of its own (the checks
+    imported first) or forked from a zygote (whose own environment never had it)."""
+    from alibi_ref.course.checks import SECRET_BYTES
+
+    secret = os.urandom(SECRET_BYTES).hex()
+    policy = SandboxPolicy(memory_bytes=2 * 2**30)
+    zygote = Zygote(policy, ["alibi_ref.course"]) if forked else None
+    scratch = zygote.scratch() if forked else tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    code = f"""
+import os
+print("environment", os.environ[{GRADING_ENV!r}])
+for path in ["/proc/self/environ", "/proc/" + str(os.getppid()) + "/environ"]:
+    try:
+        print(path, {secret!r} in open(path).read())
+    except (RuntimeError, OSError) as err:
+        print(path, "refused", type(err).__name__)
+"""
+    try:
+        printed = asyncio.run(_run_in_sandbox(code, policy, scratch, zygote, secret))
+    finally:
+        if zygote is not None:
+            zygote.close()
+    assert "environment 1" in printed, printed
+    assert secret not in printed and " True" not in printed, printed
+    assert "/proc/self/environ refused RuntimeError" in printed, printed
 
 
 async def _dies_after(code: str, policy: SandboxPolicy, scratch: Path, zygote) -> bool:

@@ -447,6 +447,8 @@ def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
     ("checks", "a_new_name", "a name added to alibi_ref.course.checks"),  # a builtin's name, shadowed there
     ("exercises", "_bias_cases", "alibi_ref.course.exercises._bias_cases"),  # sees each case before the guard
     ("builtins", "len", "builtins.len"),
+    ("exercises._bias_cases", "__code__", "alibi_ref.course.exercises._bias_cases.__code__"),  # a function's code
+    ("checks.run", "__defaults__", "alibi_ref.course.checks.run.__defaults__"),  # its defaults
     ("numpy.random", "default_rng", "numpy.random.default_rng"),  # sees the hidden seed
 ])
 def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, where, name, part):
@@ -456,8 +458,8 @@ def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, wher
     import builtins
     import importlib
 
-    module = {"checks": checks, "exercises": exercises, "builtins": builtins}.get(where) or importlib.import_module(
-        where)
+    module = {"checks": checks, "exercises": exercises, "builtins": builtins, "checks.run": checks.run,
+              "exercises._bias_cases": exercises._bias_cases}.get(where) or importlib.import_module(where)
     real_run = checks.run
 
     def precomputed(name_, answer_, seed=None, device=None):
@@ -467,7 +469,11 @@ def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, wher
         return real_run(name_, lambda *a, **k: table[repr(a + tuple(sorted(k.items())))], seed, device)
 
     replacement = precomputed if name == "run" else getattr(module, name, print)
-    if name != "run":  # the same object under its name is no change: a copy of it is
+    if name == "__code__":  # a function's parts: written, not rebound (Python's audit event for the write)
+        replacement = (lambda rng: []).__code__
+    elif name == "__defaults__":
+        replacement = tuple(list(replacement))  # a copy (tuple() of a tuple is the tuple itself)
+    elif name != "run":  # the same object under its name is no change: a copy of it is
         replacement = (lambda *a, _f=replacement, **k: _f(*a, **k)) if callable(replacement) else "/elsewhere/"
     monkeypatch.setattr(module, name, replacement, raising=False)
     v = verdict("paper_slopes", None if name == "run" else answer("paper_slopes")[0], seed=2022)
@@ -760,6 +766,54 @@ def test_while_grading_no_exception_carries_the_guards_state_out(tmp_path):
     assert "__eq__ ran inside the hook" not in done.stdout and "default handler set" in done.stdout
 
 
+def test_while_grading_the_hidden_cases_are_drawn_with_a_secret_no_cell_reads(tmp_path):
+    """The hidden seeds are small numbers in the hidden cells (and a cell can read a hidden cell's source
+    before it runs): the checks' own cases and reference values for guessed seeds made a table of every
+    hidden input, full marks with no answer (wes's 01 in the sample class). When grading, the kernel draws
+    the hidden cases with the grader's secret, which the audit hook takes out of the environment before
+    any cell runs; and each hidden check draws once, so running it early to learn its inputs loses it."""
+    secret = bytes(range(checks.SECRET_BYTES))
+    script = tmp_path / "cells.py"
+    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
+        import json, os
+        from alibi_ref.course import checks  # a locked cell imports it first
+
+        print("environment:", os.environ[checks.GRADING_ENV])
+        table = {}
+        for seed in [None, *range(2000, 2050)]:
+            for case, value in zip(checks.cases("paper_slopes", seed), checks.expected_values("paper_slopes", seed)):
+                table[case.args[0], case.kwargs.get("max_bias", 8.0)] = value
+        print("honest:", json.dumps(checks.run("paper_slopes", paper_slopes, 2022)))
+        print("table:", json.dumps(checks.run("paper_slopes", lambda n, max_bias=8.0: table[n, max_bias], 2023)))
+        try:
+            checks.run("paper_slopes", paper_slopes, 2022)
+        except RuntimeError as err:
+            print("drawn again:", err)
+        for path in ["/proc/self/environ", "/proc/self/mem"]:
+            try:
+                open(path, "rb").close()
+                print(path, "opened")
+            except RuntimeError as err:
+                print(path, "refused:", err)
+    """))
+    env = {**os.environ, checks.GRADING_ENV: secret.hex()}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "environment: 1" in done.stdout and secret.hex() not in done.stdout, done.stdout
+    said = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in done.stdout.splitlines() if ": " in line}
+    honest, table = json.loads(said["honest"]), json.loads(said["table"])
+    assert judge(honest, secret).passed  # the grader judges with the same secret
+    assert not judge(honest).passed  # the seed's own cases are not the ones drawn
+    v = judge(table, secret)
+    assert not v.passed and "raised KeyError" in v.message, v.message
+    assert "the hidden cases of paper_slopes were drawn before this check ran" in said["drawn again"]
+    for path in ["/proc/self/environ", "/proc/self/mem"]:
+        assert f"{path} refused: the answer read a process's environment or memory" in done.stdout, done.stdout
+    # outside grading the hidden cases are the seed's alone, as before
+    labels = [[c.label for c in checks.cases("paper_slopes", 2022, key)] for key in (None, secret)]
+    assert labels[0] != labels[1]
+
+
 # ----------------------------------------------------------------------------- in the grader: JudgeChecks
 
 def _graded_cell(source, outputs):
@@ -813,7 +867,7 @@ def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(
     # what a judging process loads is what it judges against: a tampered copy fails the right answer
     with open(path, "rb") as f:
         stored = pickle.load(f)
-    stored["paper_slopes", 2] = [np.asarray(value) + 1.0 for value in stored["paper_slopes", 2]]
+    stored["paper_slopes", 2, None] = [np.asarray(value) + 1.0 for value in stored["paper_slopes", 2, None]]
     with open(path, "wb") as f:
         pickle.dump(stored, f)
     monkeypatch.setattr(checks, "_EXPECTED", {})

@@ -162,6 +162,9 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
     url = postgres_url.replace("/gradebook?", "/dask_run?")
     local_out, _, _ = graded_sample_class
     out = tmp_path / "out"
+    # the local run's secret, so that the same hidden cases are drawn: the workers get it with the course
+    (out / "state").mkdir(parents=True)
+    shutil.copy(local_out / "state" / "hidden-cases.key", out / "state" / "hidden-cases.key")
     grade(ROOT / "autograder" / "sample_class" / "submissions", out, db=url, scheduler=address, **FAST)
     assert _rows(out / "grades.csv") == _rows(local_out / "grades.csv")
     # nbgrader's own export of the gradebook agrees too, and the feedback pages are there

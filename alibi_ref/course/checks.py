@@ -100,10 +100,14 @@ def exercise(ex: Exercise) -> Exercise:
     return ex
 
 
-def cases(name: str, seed: int | None) -> list[Case]:
-    """The visible cases (``seed`` None) or the hidden ones drawn with ``seed``."""
+def cases(name: str, seed: int | None, secret: bytes | None = None) -> list[Case]:
+    """The visible cases (``seed`` None) or the hidden ones drawn with ``seed`` and, when grading, the
+    grader's ``secret``: a seed in a notebook's source is visible to the kernel's code before its check
+    runs (and a small one can be guessed), the secret is not."""
     ex = _exercise(name)
-    return ex.visible() if seed is None else ex.hidden(np.random.default_rng(seed))
+    if seed is None:
+        return ex.visible()
+    return ex.hidden(np.random.default_rng(seed if secret is None else [seed, int.from_bytes(secret, "little")]))
 
 
 def _exercise(name: str) -> Exercise:
@@ -281,6 +285,8 @@ _PROFILE_EVENT, _THREAD_EVENT = "alibi_ref.guard.profile", "alibi_ref.guard.thre
 _ENTER, _RECORD, _EXIT = "alibi_ref.guard.enter", "alibi_ref.guard.record", "alibi_ref.guard.exit"
 # a replaced function asking the hook for the real one's work; a refusal handed to the hook that raises it
 _REAL, _PENDING = "alibi_ref.guard.real", "alibi_ref.guard.pending"
+_DRAW = "alibi_ref.guard.draw"  # run() asking for the grader's secret, once per hidden check
+SECRET_BYTES = 32  # GRADING_ENV holds the grader's secret as hex, or "1" (grading with none: hidden seeds alone)
 # the profile functions, for the answer's thread and the threads it starts: sys.audit with the event's name
 # bound, no Python code, no state, nothing to patch
 _PROFILE, _THREAD_PROFILE = types.MethodType(sys.audit, _PROFILE_EVENT), types.MethodType(sys.audit, _THREAD_EVENT)
@@ -431,13 +437,16 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
     reach_events, reach_attributes, reached_through_stdlib, stdlib = (
         dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
     profile_event, thread_event, enter, record_event, leave = _PROFILE_EVENT, _THREAD_EVENT, _ENTER, _RECORD, _EXIT
-    own_events = frozenset([enter, record_event, leave, _REAL, _PENDING])
+    own_events = frozenset([enter, record_event, leave, _REAL, _PENDING, _DRAW])
     switched_off, nested = SWITCHED_OFF, NESTED
     FrameType, CodeType = types.FrameType, types.CodeType
     # grading (GRADING_ENV set), once seen, for good: a kernel forked from the autograder's zygote gets the
     # variable after this module was imported. Read from os.environ's own dict (bytes keys), whose lookup
     # runs no Python code that an answer could have patched
     environ, grading_key, grading = os.environ._data, os.environ.encodekey(GRADING_ENV), False
+    # the grader's secret for the hidden cases, taken from GRADING_ENV as grading begins (before any cell runs,
+    # in a kernel forked from the zygote), which then reads "1"; each hidden check is drawn once
+    secret, drawn, putenv, run_code = None, set(), os.putenv, run.__code__
     running: dict[bytes, list] = {}  # token -> [record, trusted, excused, {frame: trusted}], in order entered
     innermost = None  # the last guard entered of those running
     busy = set()  # the threads asking for a frame now (which raises an event of its own)
@@ -501,8 +510,15 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         named = f"{event}: {args[1]}" if event.startswith("object.") else event
         return f"the answer {what} ({named}), a way around the guard against calling the reference"
 
-    held = [(what, namespace, name, value, type(namespace) is not types.FunctionType)
-            for what, namespace, name, value in machinery]
+    # names held in namespaces, looked up each time; a function's parts (code, defaults) are held by the audit
+    # event Python raises for every write to them, not read (each read raises an event of its own)
+    held = [(what, namespace, name, value) for what, namespace, name, value in machinery
+            if type(namespace) is not types.FunctionType]
+    function_parts: dict[tuple[int, str], tuple[str, object]] = {}
+    for what, fn, part, value in machinery:
+        if type(fn) is types.FunctionType:
+            function_parts.setdefault((id(fn), part), (what, value))  # named as first held: its module's name
+    parts, parts_written = frozenset(_FUNCTION_PARTS), {}  # (function, part) -> "function.part", while not put back
     caches = _PYTHON_CACHES
 
     def size(namespace) -> int:  # the names in it, less the caches Python itself adds
@@ -510,19 +526,20 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
 
     sizes = [(what, namespace, size(namespace)) for what, namespace in whole]
     missing = object()
-    namespaces = list({id(namespace): namespace for _, namespace, _, _, mapping in held if mapping}.values())
+    namespaces = list({id(namespace): namespace for _, namespace, _, _ in held}.values())
+    only_str = {str}
 
     def changed() -> str | None:
         """The first part of the checks' machinery that is not what it was (``_machinery``), or None.
         First, that every key of the namespaces looked into is a str: the lookups below would run the
         __eq__ of any other key whose hash matches (a str subclass set as an attribute, say), in here."""
         for namespace in namespaces:
-            for key in list(namespace):  # a copy in one step: another thread may import meanwhile
-                if type(key) is not str:
-                    return "a key that is not a str, in a namespace the checks read"
-        for what, namespace, name, value, mapping in held:
-            now = namespace.get(name, missing) if mapping else getattr(namespace, name, missing)
-            if now is not value:
+            if {*map(type, namespace)} - only_str:  # in C, in one step: no key's code runs, no thread imports meanwhile
+                return "a key that is not a str, in a namespace the checks read"
+        if parts_written:
+            return next(iter(parts_written.values()))
+        for what, namespace, name, value in held:
+            if namespace.get(name, missing) is not value:
                 return what
         for what, namespace, before in sizes:
             if size(namespace) != before:
@@ -540,7 +557,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         for module, namespace, name, value in [*replaced, ("threading", vars(threading), "_profile_hook",
                                                             thread_profile)]:
             namespace[name] = value
-            held.append((f"{module}.{name}", namespace, name, value, True))
+            held.append((f"{module}.{name}", namespace, name, value))
             namespaces.append(namespace)
 
     def call_real(done: list, name: str, args: tuple) -> None:
@@ -574,15 +591,53 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                                "reference")
         done.append(real[name](*args))
 
-    def asked_by_answer(frame) -> bool:
-        """Whether the first caller outside the standard library, from ``frame`` up, is the answer's code."""
-        while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+    def asked_by_answer(frame, past: tuple[str, ...] = stdlib) -> bool:
+        """Whether the first caller outside the standard library (or ``past``), from ``frame`` up, is the
+        answer's code."""
+        while frame is not None and frame.f_code.co_filename.startswith(past):
             frame = frame.f_back
         return frame is not None and is_answer(frame.f_code.co_filename)
 
+    def keep_secret() -> bytes | None:
+        value = environ[grading_key]
+        environ[grading_key] = b"1"
+        putenv(GRADING_ENV, "1")
+        try:
+            key = bytes.fromhex(value.decode("ascii"))
+        except ValueError:
+            return None
+        return key if len(key) == SECRET_BYTES else None
+
+    def draw(name: str, seed: int) -> bytes | None:
+        """The secret for one hidden check, once: a second draw means the cases were drawn before the check
+        (``run`` called by a cell of the student's, to learn the inputs and compute the reference on them)."""
+        if secret is None:
+            return None
+        if (name, seed) in drawn:
+            raise RuntimeError(f"the hidden cases of {name} were drawn before this check ran (by a cell calling the "
+                               "checks' run), a way around the guard against calling the reference")
+        drawn.add((name, seed))
+        return secret
+
+    # a process's environment and memory (/proc/*/environ, /proc/*/mem), where the secret was on its way in (a
+    # kernel started on its own has it in /proc/self/environ): opened, or linked to under another name
+    peeks = frozenset(["open", "os.symlink"])
+
+    def peek(args) -> str | None:
+        path = args[0] if args else None
+        if type(path) is bytes:
+            path = path.decode("utf-8", "replace")
+        if type(path) is not str or path.rstrip(sep).rpartition(sep)[2] not in ("environ", "mem"):
+            return None
+        # past every installed caller: IPython's own open() is the one a cell calls
+        if not asked_by_answer(frame_at(2), (*installed, "<frozen ")):  # 0: here, 1: audit, 2: the raiser
+            return None
+        return f"the answer read a process's environment or memory ({path}), a way around the guard"
+
     pending: dict[int, tuple] = {}  # thread -> (exception type, message): a refusal for _refuser to raise
     # the events this hook may refuse (the attributes' events only for reach_attributes): _refuser's too
-    candidates = frozenset([*reach_events, *reached_through_stdlib, _REAL, leave, "exec", "sys.setprofile"])
+    candidates = frozenset([*reach_events, *reached_through_stdlib, *peeks, _REAL, _DRAW, leave, "exec",
+                            "sys.setprofile"])
 
     def defer(event: str, err: BaseException) -> None:
         """What this hook raised (a refusal) or met (a signal's exception, memory or recursion running out),
@@ -601,7 +656,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
             pending[get_ident()] = (kind, why)
 
     def audit(event: str, args) -> None:
-        nonlocal innermost, grading
+        nonlocal innermost, grading, secret
         try:
             # the profiler's events first, (frame, "call" or "return" or "c_call"..., arg): they come for every call
             # the answer makes. Per frame running now, whether it runs on a trusted function's behalf: trust
@@ -631,8 +686,16 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
             if event == "object.__getattr__" and (not running or len(args) != 2 or type(args[1]) is not str
                                                   or args[1] not in reach_attributes):
                 return  # the profiler's own reads of f_code, and every attribute no way around the guard reads
+            if (event == "object.__setattr__" and len(args) == 3 and type(args[1]) is str and args[1] in parts
+                    and (id(args[0]), args[1]) in function_parts):
+                what, value = function_parts[id(args[0]), args[1]]
+                if args[2] is value:
+                    parts_written.pop((id(args[0]), args[1]), None)  # put back
+                else:
+                    parts_written[id(args[0]), args[1]] = what
             if not grading and grading_key in environ:
                 grading = True
+                secret = keep_secret()
                 take_over()
             if not (running or grading or event in own_events):
                 return  # a student's own session, no check running: nothing to keep or refuse
@@ -643,6 +706,8 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                 asker = frame_at(1)  # 0: here, 1: the code that raised the event
                 if asker is not None and asking.get(asker.f_code) == args[1]:
                     call_real(*args)
+            elif event == _DRAW and kinds == (list, str, int) and raised_by(run_code):
+                args[0].append(draw(args[1], args[2]))
             elif event == _PENDING and kinds == (list,):
                 waiting = pending.pop(get_ident(), None)
                 if waiting is not None:
@@ -683,7 +748,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                         and is_answer(args[0].co_filename) and changed())
                 if part:
                     raise RuntimeError(refusal(part) + ": no cell runs after that")
-                why = around(event, args)
+                why = around(event, args) or (grading and event in peeks and peek(args))
                 if why:
                     for run in running.values():
                         record(run, why)
@@ -760,7 +825,12 @@ def _with_reference_upstream(answer: Callable, names: list[str]) -> Callable:
 def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     """Run ``answer`` (a function, or a dict of named values) on the exercise's cases: what the judge reads."""
     ex = _exercise(name)
-    chosen = cases(name, seed)
+    secret = None
+    if seed is not None:
+        given = []
+        _audit(_DRAW, given, str(name), int(seed))  # the grader's secret when grading (raises for a second draw)
+        secret = given[0]
+    chosen = cases(name, seed, secret)
     if any(case.device == "meta" for case in chosen):
         _warm_up_meta()
     call = answer if callable(answer) else functools.partial(_look_up, answer)
@@ -795,19 +865,20 @@ class Verdict:
     message: str
 
 
-def judge(payload: dict) -> Verdict:
-    """Compare a payload's results with the reference's. Raises ValueError for a malformed payload."""
+def judge(payload: dict, secret: bytes | None = None) -> Verdict:
+    """Compare a payload's results with the reference's (``secret``: the grader's, with which the kernel drew
+    the hidden cases). Raises ValueError for a malformed payload."""
     name, seed = payload["exercise"], payload["seed"]
     ex = _exercise(str(name))
     if seed is not None and not isinstance(seed, int):
         raise ValueError("bad seed")
-    chosen = cases(ex.name, seed)
+    chosen = cases(ex.name, seed, secret)
     results = list(payload["results"])
     if len(results) != len(chosen):
         raise ValueError(f"{len(results)} results for {len(chosen)} cases")
     where = "hidden" if seed is not None else "visible"
     passed = f"{len(chosen)} {where} check{'s pass' if len(chosen) != 1 else ' passes'}"
-    expected = expected_values(ex.name, seed)
+    expected = expected_values(ex.name, seed, secret)
     failures = _failures(ex, chosen, results, expected)
     if not failures:
         return Verdict(True, f"{ex.name}: {passed}")
@@ -837,23 +908,24 @@ def expected_value(ex: Exercise, case: Case):
 
 
 # (exercise, seed) -> the reference's value for each of its cases (None where the case must raise)
-_EXPECTED: dict[tuple[str, int | None], list] = {}
+_EXPECTED: dict[tuple[str, int | None, bytes | None], list] = {}
 
 
-def expected_values(name: str, seed: int | None) -> list:
+def expected_values(name: str, seed: int | None, secret: bytes | None = None) -> list:
     """The reference's values for one check call's cases, computed once per process: a grader judges a
     whole class on the same cases, and some references (Flax's layers) take seconds. ``save_expected``
     computes them once for a course; ``load_expected`` lends them to the processes that judge."""
-    if (name, seed) not in _EXPECTED:
+    if (name, seed, secret) not in _EXPECTED:
         ex = _exercise(name)
-        _EXPECTED[name, seed] = [None if case.raises else expected_value(ex, case) for case in cases(name, seed)]
-    return _EXPECTED[name, seed]
+        _EXPECTED[name, seed, secret] = [None if case.raises else expected_value(ex, case)
+                                         for case in cases(name, seed, secret)]
+    return _EXPECTED[name, seed, secret]
 
 
-def save_expected(path, calls) -> None:
-    """Compute the values of every (exercise, seed) in ``calls`` and pickle them to ``path`` (the
-    grader's own folder: a pickle is only read where it was written by the grader)."""
-    values = {(name, seed): expected_values(name, seed) for name, seed in calls}
+def save_expected(path, calls, secret: bytes | None = None) -> None:
+    """Compute the values of every (exercise, seed) in ``calls`` (hidden ones drawn with ``secret``) and
+    pickle them to ``path`` (the grader's own folder: a pickle is only read where the grader wrote it)."""
+    values = {(name, seed, secret): expected_values(name, seed, secret) for name, seed in calls}
     with open(path, "wb") as f:
         pickle.dump(values, f)
 
@@ -1052,7 +1124,8 @@ def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str,
         for fn in values:
             if isinstance(fn, types.FunctionType):
                 referenced |= code_names(fn.__code__)
-                entries.extend((f"{where}{fn.__qualname__}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS)
+                name = f"{where or fn.__module__ + '.'}{fn.__qualname__}"
+                entries.extend((f"{name}.{a}", fn, a, getattr(fn, a)) for a in _FUNCTION_PARTS)
 
     for module in modules:
         hold(module.__name__, vars(module))
