@@ -339,7 +339,7 @@ def _set_signal_handler(signalnum, handler):
     """``_signal.signal`` when grading: no handler of the answer's own, which could raise an exception in
     the middle of the audit hook (its frame, and with it the guards' state, would go with the exception)."""
     done = []
-    _audit(_REAL, done, "signal", (signalnum, handler))
+    _audit(_REAL, done, "signal", (int(signalnum), int(handler) if isinstance(handler, int) else handler))
     return done[0]
 
 
@@ -581,12 +581,13 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                                    "the functions grading replaced)")
             done.append(real[name](Namespace(name=args[0])))  # the name alone: no object of the answer's is read
             return
-        if not all(type(a) is int for a in args[:1]) or (name == "signal" and type(args[1]) is not int and (
-                grading and asked_by_answer(frame_at(3)))):  # 0: here, 1: audit, 2: the replacement, 3: its caller
-            raise RuntimeError(f"the answer set a signal handler of its own ({name}), a way around the guard "
-                               "against calling the reference" if name == "signal" else
-                               f"the signal number must be an int, got {type(args[0]).__name__}")
-        if name != "signal" and grading and asked_by_answer(frame_at(3)):
+        if type(args[0]) is not int:  # a signal's number, as int() made it in the replacement
+            raise TypeError("a signal number must be an int")
+        by_answer = grading and asked_by_answer(frame_at(3))  # 0: here, 1: audit, 2: the replacement, 3: its caller
+        if by_answer and name == "signal" and type(args[1]) is not int:  # SIG_DFL and SIG_IGN are ints
+            raise RuntimeError("the answer set a signal handler of its own (signal), a way around the guard "
+                               "against calling the reference")
+        if by_answer and name != "signal":
             raise RuntimeError(f"the answer sent a signal ({name}), a way around the guard against calling the "
                                "reference")
         done.append(real[name](*args))
@@ -646,7 +647,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         if kind is KeyboardInterrupt:
             interrupt_main()  # raised again in the main thread, outside this hook
             return
-        if kind in (RuntimeError, TypeError) and err.args and type(err.args[0]) is str:
+        if (kind is RuntimeError or kind is TypeError) and err.args and type(err.args[0]) is str:
             why = err.args[0]
         else:  # anything else is a failure of the guard's: refused, and every running check's record says so
             kind, why = RuntimeError, f"the guard could not decide on {event} (it met an exception): refused"
