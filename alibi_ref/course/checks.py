@@ -423,8 +423,9 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
     setprofile, thread_profile, real, interrupt_main = (_setprofile, _THREAD_PROFILE, dict(_REAL_FUNCTIONS),
                                                         _REAL_FUNCTIONS["interrupt_main"])
     replaced, Namespace = list(_REPLACED), types.SimpleNamespace
-    asking = {replacement.__code__: name for _, _, name, replacement in replaced}  # the code that may ask for each
-    asking[_start_thread.__code__] = "start_new_thread"
+    asking = {_start_thread.__code__: "start_new_thread", _create_builtin_module.__code__: "create_builtin",
+              _set_signal_handler.__code__: "signal", _raise_signal.__code__: "raise_signal",
+              _interrupt_main.__code__: "interrupt_main"}  # the code that may ask for each real function
 
     def run_watched(function, args, kwargs):  # a thread's first call when grading: the profile, then its work
         setprofile(thread_profile)
@@ -526,7 +527,10 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
 
     sizes = [(what, namespace, size(namespace)) for what, namespace in whole]
     missing = object()
-    namespaces = list({id(namespace): namespace for _, namespace, _, _ in held}.values())
+    def held_namespaces() -> list:
+        return list({id(namespace): namespace for _, namespace, _, _ in held}.values())
+
+    namespaces = held_namespaces()
     only_str = {str}
 
     def changed() -> str | None:
@@ -558,7 +562,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                                                             thread_profile)]:
             namespace[name] = value
             held.append((f"{module}.{name}", namespace, name, value))
-            namespaces.append(namespace)
+        namespaces[:] = held_namespaces()
 
     def call_real(done: list, name: str, args: tuple) -> None:
         """The real function's work for its replacement, with the checks the real one makes of its arguments,
@@ -640,7 +644,12 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
     candidates = frozenset([*reach_events, *reached_through_stdlib, *peeks, _REAL, _DRAW, leave, "exec",
                             "sys.setprofile"])
 
-    def defer(event: str, err: BaseException) -> None:
+    def asked(event: str, args) -> bool:
+        """Whether _refuser asks about this event (its own test, inline there: it runs for every event)."""
+        return event in candidates or event[:7] == "ctypes." or (
+            event[:7] == "object." and len(args) > 1 and type(args[1]) is str and args[1] in reach_attributes)
+
+    def defer(event: str, args, err: BaseException) -> None:
         """What this hook raised (a refusal) or met (a signal's exception, memory or recursion running out),
         kept for _refuser to raise as a fresh exception, with no frame of this hook's in its traceback."""
         kind = type(err)
@@ -653,7 +662,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
             kind, why = RuntimeError, f"the guard could not decide on {event} (it met an exception): refused"
             for run in running.values():
                 record(run, why)
-        if event in candidates or event[:7] == "ctypes." or event[:7] == "object.":
+        if asked(event, args):  # else it would wait, and be raised at some later event
             pending[get_ident()] = (kind, why)
 
     def audit(event: str, args) -> None:
@@ -756,7 +765,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                     raise RuntimeError(why)  # and it does not happen: the answer gets nothing from it
         except BaseException as err:
             try:
-                defer(event, err)
+                defer(event, args, err)
             except BaseException:
                 pass
 
