@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
 from .sandbox import JAX_CACHE, SandboxedKernelManager, SandboxPolicy
@@ -62,6 +63,9 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
                 NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=True).execute()
             except Exception as err:  # a kernel that died or a cell past its time: keep what was compiled
                 log.warning("filling JAX's compilation cache: %s stopped: %s", path.name, err)
+            finally:  # nbclient ends only a kernel whose manager it made itself; this one is ours
+                if km.has_kernel:
+                    run_sync(km.shutdown_kernel)(now=True)
         if (scratch / JAX_CACHE).is_dir():
             shutil.copytree(scratch / JAX_CACHE, target)
     return len(list(target.glob("*"))) if target.exists() else 0

@@ -344,6 +344,19 @@ def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_pa
     assert not first.root.exists() and not second.root.exists(), "the students' scratch folders are removed"
 
 
+def _processes_mentioning(text: str) -> list[str]:
+    """The command lines of this machine's processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
 @needs_bwrap
 def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_privately(tmp_path):
     """The source notebook that imports JAX fills the cache (the one that does not is not run); a kernel
@@ -363,6 +376,7 @@ def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_pri
     cache = tmp_path / "cache"
     filled = compile_cache.fill(source, cache, policy, cell_timeout=60)
     assert filled > 0 and filled == len(list(cache.iterdir()))
+    assert not _processes_mentioning("autograder-compile-cache-"), "the kernels that filled the cache have ended"
     before = sorted(p.name for p in cache.iterdir())
     key = ("student", "hw")
     try:
