@@ -171,12 +171,51 @@ def test_exact_cases_allow_no_slack():
     ("causal_alibi_scores", [("np.where(j > i, -np.inf, Qh @ Kh.T / np.sqrt(d_k) - slope * (i - j))",
                               "Qh @ Kh.T / np.sqrt(d_k) - slope * np.abs(i - j)")], "symmetric"),
     ("decode_step", [("(t - np.arange(t + 1))", "np.arange(t + 1)")], "position 0"),
+    # the same weights by softmax's shift invariance: one hint names both
+    ("decode_step", [("- slope * (t", "+ slope * (t")], "flipping the bias's sign"),
+    ("softmax", [("np.exp(x - x.max(axis=-1, keepdims=True))", "np.exp(x)")], "exp overflows"),
 ])
 def test_classic_mistakes_are_named(name, edits, hint):
     fn, _ = answer(name, *edits)
     v = verdict(name, fn, 5)
     assert not v.passed
     assert "Hint:" in v.message and hint in v.message, v.message
+
+
+def _as_an_answer_returns(value, ex, case):
+    """A NumPy value as an answer to ``ex`` returns it: a tensor (the case's dtype, else float64) where the
+    exercise hands its answers tensors, a JAX array (float32 unless the case says) where JAX arrays."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_an_answer_returns(v, ex, case) for v in value)
+    if not isinstance(value, np.ndarray):
+        return value
+    if ex.torch_inputs:
+        return torch.tensor(value, dtype=getattr(torch, case.dtype or "float64") if value.dtype.kind == "f" else None)
+    if ex.jax_inputs:
+        import jax.numpy as jnp
+
+        return jnp.asarray(value, dtype=case.dtype or "float32")
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(name for name, ex in EXERCISES.items() if ex.mistakes))
+def test_every_classic_mistake_fails_the_hidden_checks_and_is_named_whatever_the_graders_secret(name):
+    """The hidden cases are drawn from the grader's secret, different for every class: each draw must tell
+    every named mistake from the right answer (and from the other mistakes, so its hint is the right one).
+    The mistaken answer returns the mistake's values where the reference computes the expected ones, and
+    the reference's own values (lent, as a correct upstream is) where a case's value is given."""
+    ex = EXERCISES[name]
+    correct = checks._lend(ex.reference)
+    for secret in (bytes(range(i, i + 32)) for i in (1, 77, 190)):
+        chosen = checks.cases(name, 7, secret)
+        for mistake in ex.mistakes:
+            with np.errstate(all="ignore"):  # the mistakes overflow as such answers do
+                    results = [{"value": encode(_as_an_answer_returns(mistake.variant(*c.args, **c.kwargs), ex, c)),
+                            "device": "cpu" if ex.torch_inputs else None}
+                           if c.expected is None and not c.raises else checks._call(correct, c, ex, None, lent=True)
+                           for c in chosen]
+            v = judge({"exercise": name, "seed": 7, "results": results}, secret)
+            assert not v.passed and mistake.hint in v.message, (secret.hex()[:8], mistake.hint, v.message)
 
 
 SCORE_MOD = """

@@ -13,6 +13,8 @@ import pytest
 from nbclient import NotebookClient
 from nbgrader.api import Gradebook
 
+from autograder.verdicts import check_calls
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "alibi"
 SOLUTIONS = ROOT / "solutions" / ASSIGNMENT
@@ -86,7 +88,6 @@ def test_every_written_answer_has_a_rubric_and_says_what_a_full_answer_covers():
 def test_every_test_cell_says_its_points_and_runs_registered_checks():
     from alibi_ref.course import exercises  # noqa: F401  (registers every exercise)
     from alibi_ref.course.checks import EXERCISES, cases
-    from autograder.verdicts import check_calls
 
     for path in SOLUTIONS.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
@@ -122,6 +123,51 @@ def test_unfilled_release_runs_cleanly_up_to_the_first_answer(name):
             assert i == first_answer and error.ename == "NotImplementedError", (
                 f"{name}: cell {i} raised {error.ename}: {error.evalue} before any answer was asked for"
             )
+
+
+# Run after a solution notebook, in its kernel: each hidden check of its test cells again, with the
+# cases drawn from several graders' secrets, judged as the grader judges (no exercise's draw may fail it)
+REPLAY_WITH_SECRETS = """
+import functools, json
+from alibi_ref.course import checks
+
+_replayed, _failed = 0, []
+
+
+def check(name, answer=None, /, *, hidden=None, device=None, **values):
+    global _replayed
+    if hidden is None:
+        return
+    exercise = checks._exercise(name)
+    call = answer if answer is not None else functools.partial(checks._look_up, values)
+    for secret in SECRETS:
+        chosen = checks.cases(name, hidden, secret)
+        if any(case.device == "meta" for case in chosen):
+            checks._warm_up_meta()
+        payload = {"exercise": name, "seed": hidden,
+                   "results": [checks._call(call, case, exercise, device) for case in chosen]}
+        verdict = checks.judge(payload, secret)
+        _replayed += 1
+        if not verdict.passed:
+            _failed.append(f"{name} (secret {secret.hex()[:8]}): {verdict.message}")
+"""
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_solutions_pass_their_hidden_checks_whatever_the_graders_secret(name):
+    """Each class's hidden cases are drawn from the grader's secret: the instructor's answers (float32 layers
+    and tensors among them) must pass every draw, not only the one the grading tests make."""
+    nb = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
+    test_cells = [c.source.replace("from alibi_ref.course.checks import check\n", "")
+                  for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+    secrets = [bytes(range(i, i + 32)) for i in (1, 77, 190)]
+    nb.cells += [nbformat.v4.new_code_cell(f"SECRETS = {secrets!r}\n" + REPLAY_WITH_SECRETS),
+                 *map(nbformat.v4.new_code_cell, test_cells),
+                 nbformat.v4.new_code_cell("print(json.dumps([_replayed, _failed]))")]
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(SOLUTIONS)}}).execute()
+    replayed, failed = json.loads(nb.cells[-1].outputs[-1].text)
+    hidden = sum(seed is not None for source in test_cells for _, seed in check_calls(source))
+    assert replayed == hidden * len(secrets) > 0 and not failed, failed
 
 
 @pytest.mark.parametrize("folder", [SOLUTIONS, RELEASE], ids=["solutions", "course"])

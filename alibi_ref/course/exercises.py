@@ -149,13 +149,20 @@ exercise(Exercise(
 
 # ----------------------------------------------------------------------------- 02: the worked example
 
+def _large_scores(rng):
+    """(2, 6) scores around 800-1000 on a grid of 1/64, so float32 holds them exactly: a float32 answer rounds
+    nothing that a float64 one does not, and only an exp taken before subtracting the maximum overflows."""
+    return np.round((rng.normal(scale=5, size=(2, 6)) + rng.uniform(800, 1000)) * 64) / 64
+
+
 exercise(Exercise(
     "softmax",
     visible=lambda: [Case("softmax([0, 0])", ([0.0, 0.0],), atol=1e-12),
                      Case("softmax([1000, 1000, -inf]) (overflow? masked entry?)", ([1000.0, 1000.0, -np.inf],),
                           atol=1e-12),
                      Case("softmax of a 2x2 array (over each row)", ([[1.0, 2.0], [3.0, 3.0]],), atol=1e-12)],
-    hidden=lambda rng: [Case("softmax of a (3, 4, 7) array", (rng.normal(scale=30, size=(3, 4, 7)),), atol=1e-12)],
+    hidden=lambda rng: [Case("softmax of a (3, 4, 7) array", (rng.normal(scale=30, size=(3, 4, 7)),), atol=1e-12),
+                        Case("softmax of scores near 900 (exp overflows past 709)", (_large_scores(rng),), atol=1e-12)],
     reference=lambda x: softmax(x),
     mistakes=(Mistake("softmax runs over the wrong axis: each row (the last axis) should sum to 1",
                       lambda x: softmax(x, axis=0)),
@@ -361,10 +368,12 @@ exercise(Exercise(
                           (Q[t, 0:2], K[: t + 1, 0:2], V[: t + 1, 0:2], 0.5)) for t in range(5)],
     hidden=_decode_cases,
     reference=decode_reference,
-    mistakes=(Mistake("the new query is treated as position 0: it is the last position of the cache, so the "
-                      "penalty is m * (t - j), largest for the oldest key", _decode_from_start),
-              Mistake("the bias has the wrong sign: it should penalise distance",
-                      lambda q, k, v, m: decode_reference(q, k, v, -m)),
+    # the query put at position 0 (-m * j) and the bias's sign flipped (+m * (t - j)) differ by m * t on every
+    # score, which softmax cannot see: one mistake, two ways to make it
+    mistakes=(Mistake("the penalty grows toward the newest key: the new query is the last position t of the cache, "
+                      "so the penalty is m * (t - j), largest for the oldest key. Putting the query at position 0 "
+                      "(-m * j) and flipping the bias's sign (+m * (t - j)) both do this; they differ by the same "
+                      "m * t on every score, which softmax cannot see", _decode_from_start),
               Mistake("the scores are not divided by sqrt(d)",
                       lambda q, k, v, m: decode_reference(np.asarray(q, float) * np.sqrt(len(q)), k, v, m))),
 ))
