@@ -146,6 +146,7 @@ def students() -> dict[str, dict[str, object]]:
     s["rex"] = attacks()
     s["vic"] = attacks_around_the_guard()
     s["wes"] = attacks_outside_the_check()
+    s["xan"] = attacks_on_the_way_out()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -397,6 +398,29 @@ def attacks_outside_the_check() -> dict:
     answer(nb04, "decode_step", "def decode_step(q_new, K_cache, V_cache, slope):\n"
                                 "    return pool.submit(reference, q_new, K_cache, V_cache, slope).result()")
     return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "04_causal": nb04}
+
+
+def attacks_on_the_way_out() -> dict:
+    """The values a check hands back pass through the kernel's own code after its guard has ended: alibi_bias
+    keeps its inputs and returns zeros, and a cell of its own puts the reference's values (through a helper the
+    notebook hands out) into what IPython publishes (full marks until the checks signed what they make)."""
+    nb01 = filled("01_slopes_and_bias")
+    own = ("kept = []\npublisher = get_ipython().display_pub\nsend = publisher.publish\n\n\n"
+           "def publish(data, metadata=None, **kwargs):\n"
+           "    handed = data.get('application/vnd.alibi-course.check+json')\n"
+           "    if handed and handed['exercise'] == 'alibi_bias':\n"
+           "        from alibi_ref.course.checks import encode\n\n"
+           "        for result, (slopes, q, k, causal) in zip(handed['results'], kept):\n"
+           "            result['value'] = encode(plots.alibi_bias(slopes, q, k, causal=causal))\n"
+           "        kept.clear()\n"
+           "    return send(data, metadata, **kwargs)\n\n\n"
+           "publisher.publish = publish")
+    nb01.cells.insert(nb01.cells.index(cell(nb01, "alibi_bias")), nbformat.v4.new_code_cell(own, id="own-publish"))
+    answer(nb01, "alibi_bias", "def alibi_bias(slopes, q_len, k_len=None, causal=False):\n"
+                               "    k_len = q_len if k_len is None else k_len\n"
+                               "    kept.append((np.asarray(slopes, dtype=float), q_len, k_len, causal))\n"
+                               "    return np.zeros((len(kept[-1][0]), q_len, k_len))")
+    return {"01_slopes_and_bias": nb01}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

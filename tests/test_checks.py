@@ -214,7 +214,8 @@ def test_every_classic_mistake_fails_the_hidden_checks_and_is_named_whatever_the
                             "device": "cpu" if ex.torch_inputs else None}
                            if c.expected is None and not c.raises else checks._call(correct, c, ex, None, lent=True)
                            for c in chosen]
-            v = judge({"exercise": name, "seed": 7, "results": results}, secret)
+            payload = {"exercise": name, "seed": 7, "results": results}
+            v = judge({**payload, "signature": checks._signature(secret, payload)}, secret)  # as run() signs it
             assert not v.passed and mistake.hint in v.message, (secret.hex()[:8], mistake.hint, v.message)
 
 
@@ -851,6 +852,50 @@ def test_while_grading_the_hidden_cases_are_drawn_with_a_secret_no_cell_reads(tm
     # outside grading the hidden cases are the seed's alone, as before
     labels = [[c.label for c in checks.cases("paper_slopes", 2022, key)] for key in (None, secret)]
     assert labels[0] != labels[1]
+
+
+def test_while_grading_values_changed_after_the_check_made_them_earn_nothing(tmp_path):
+    """What a check hands back passes through the kernel's own code (IPython's display, ipykernel's session,
+    json) after the guard has ended, and any cell may rebind it: an answer that kept its inputs and returned
+    zeros, with the reference's values put in on the way out, earned full marks (xan's 01 in the sample
+    class). When grading, run() signs what it made with a key from the grader's secret; the judge checks."""
+    secret = bytes(range(3, 3 + checks.SECRET_BYTES))
+    script = tmp_path / "cells.py"
+    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
+        import json
+        from alibi_ref import get_slopes
+        from alibi_ref.course import checks
+
+        print("honest:", json.dumps(checks.run("paper_slopes", paper_slopes, 2022)))
+        kept = []
+
+        def zeros(n, max_bias=8.0):
+            kept.append((n, max_bias))
+            return numpy.zeros(n)
+
+        payload = checks.run("paper_slopes", zeros, 2023)
+        for result, (n, max_bias) in zip(payload["results"], kept):
+            result["value"] = checks.encode(get_slopes(n, max_bias=max_bias))  # outside the guard
+        print("changed:", json.dumps(payload))
+        print("visible:", json.dumps(checks.run("paper_slopes", paper_slopes)))
+    """))
+    env = {**os.environ, checks.GRADING_ENV: secret.hex()}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = {line.split(": ", 1)[0]: json.loads(line.split(": ", 1)[1]) for line in done.stdout.splitlines()
+            if ": " in line}
+    honest, changed = said["honest"], said["changed"]
+    assert judge(honest, secret).passed
+    v = judge(changed, secret)
+    assert not v.passed and "not the ones the check made" in v.message, v.message
+    body = {k: v for k, v in changed.items() if k != "signature"}
+    assert judge({**body, "signature": checks._signature(secret, body)}, secret).passed, (
+        "the changed values are the reference's: only the signature tells them apart")
+    unsigned = {k: v for k, v in honest.items() if k != "signature"}
+    assert not judge(unsigned, secret).passed and not judge(honest, bytes(checks.SECRET_BYTES)).passed
+    assert "signature" not in said["visible"] and judge(said["visible"], secret).passed, "visible cases are public"
+    with pytest.raises(TypeError):  # an object of the answer's own in what is signed: unsigned, judged wrong
+        checks._canonical({"results": [type("Text", (str,), {})("x")]})
 
 
 # ----------------------------------------------------------------------------- in the grader: JudgeChecks

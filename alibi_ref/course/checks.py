@@ -11,7 +11,10 @@ A test cell reads ``check("paper_slopes", paper_slopes)``. What happens depends 
   cases, computes the expected values with the reference and calls the same ``judge``
   (``autograder.verdicts``). Nothing the answer does inside the kernel (patching numpy, this
   module or the profiler) can change a verdict: at most it changes the values handed back,
-  and those must still be right for inputs it cannot know in advance.
+  and those must still be right for inputs it cannot know in advance. The hidden checks' values
+  are signed where ``run`` makes them (``_signature``, keyed from the grader's secret), so a value
+  changed on its way out of the check (the display path is the kernel's, any cell may rebind it)
+  is refused by the judge.
 
 Every comparison is in float64 and allows float32 rounding (``FLOAT32_SLACK``): a float32 answer
 earns the points wherever a float64 one does. Cases marked ``exact`` allow nothing.
@@ -27,6 +30,8 @@ import _signal
 import _thread
 import base64
 import functools
+import hmac
+import json
 import math
 import os
 import pickle
@@ -35,6 +40,8 @@ import sys
 import sysconfig
 import threading
 import types
+from _hashlib import hmac_digest as _hmac_digest
+from _json import encode_basestring_ascii as _json_string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -124,8 +131,10 @@ def encode(value, depth: int = 0):
     """``value`` as JSON-able data: arrays and tensors as float64 bytes with dtype and device."""
     if depth > 8:
         return {"other": "a structure nested too deep"}
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return {"scalar": value}
+    if isinstance(value, str):  # a str of its own (a subclass's methods are the answer's code): see _canonical
+        return {"scalar": str.__str__(value)}
     if isinstance(value, dict):
         return {"map": {str(k): encode(v, depth + 1) for k, v in list(value.items())[:64]}}
     if isinstance(value, (tuple, list)) and not all(isinstance(x, (int, float)) for x in value):
@@ -134,7 +143,7 @@ def encode(value, depth: int = 0):
     if hasattr(value, "detach") and hasattr(value, "device"):  # a torch tensor
         kind, device, dtype = "tensor", str(value.device), str(value.dtype).removeprefix("torch.")
         if value.device.type == "meta":
-            return {"tensor": None, "shape": list(value.shape), "dtype": dtype, "device": device}
+            return {"tensor": None, "shape": [int(n) for n in value.shape], "dtype": dtype, "device": device}
         value = value.detach().cpu().double().numpy()
     try:
         array = np.array(value, copy=True, subok=False)
@@ -844,13 +853,54 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     if any(case.device == "meta" for case in chosen):
         _warm_up_meta()
     call = answer if callable(answer) else functools.partial(_look_up, answer)
-    payload = {"exercise": name, "seed": seed, "results": [_call(call, case, ex, device) for case in chosen]}
+    payload = {"exercise": ex.name, "seed": None if seed is None else int(seed),
+               "results": [_call(call, case, ex, device) for case in chosen]}
     upstream = [n for n in ex.upstream if callable(answer) and n in getattr(answer, "__globals__", {})]
     if upstream:
         rebound = _with_reference_upstream(answer, upstream)
         payload["upstream"] = upstream
         payload["with_reference_upstream"] = [_call(rebound, case, ex, device, lent=True) for case in chosen]
+    if secret is not None:
+        # what leaves this function passes through code of the kernel's that any cell may rebind (IPython's
+        # display, ipykernel's session, json, zmq): signed here, a value changed on the way no longer matches
+        try:
+            payload["signature"] = _signature(secret, payload)
+        except TypeError:  # something in it the checks did not make: unsigned, so judged wrong
+            pass
     return payload
+
+
+def _signature(secret: bytes, payload: dict) -> str:
+    """The grader's proof that ``payload`` is what ``run`` made: an HMAC-SHA256 of its canonical text, keyed
+    with a key made from the grader's secret (not the secret itself, which also seeds the hidden cases)."""
+    key = _hmac_digest(secret, b"alibi-course: the values a check hands back", "sha256")
+    return _hmac_digest(key, _canonical(payload).encode(), "sha256").hex()
+
+
+def _canonical(data) -> str:
+    """``data`` (dicts with str keys, lists, tuples, str, int, bool and None, of exactly those types) as one
+    text that a trip through JSON does not change. Anything else raises TypeError. Only exact types are read,
+    in C: no method of an answer's object runs here, outside the guard."""
+    kind = type(data)
+    if data is None or kind is bool or kind is int:
+        return repr(data)
+    if kind is str:
+        return _json_string(data)
+    if kind is list or kind is tuple:
+        return "[" + ",".join(map(_canonical, data)) + "]"
+    if kind is dict and all(type(k) is str for k in data):
+        return "{" + ",".join(_json_string(k) + ":" + _canonical(data[k]) for k in sorted(data)) + "}"
+    raise TypeError("not a value the checks make")
+
+
+def _signed(payload: dict, secret: bytes) -> bool:
+    """Whether a payload (read back from a notebook: JSON's types) carries ``run``'s signature for ``secret``."""
+    body = json.loads(json.dumps({k: v for k, v in payload.items() if k != "signature"}))  # plain dicts and lists
+    try:
+        expected = _signature(secret, body)
+    except TypeError:
+        return False
+    return hmac.compare_digest(str(payload.get("signature", "")).encode(), expected.encode())
 
 
 def _warm_up_meta() -> None:
@@ -882,6 +932,9 @@ def judge(payload: dict, secret: bytes | None = None) -> Verdict:
     ex = _exercise(str(name))
     if seed is not None and not isinstance(seed, int):
         raise ValueError("bad seed")
+    if seed is not None and secret is not None and not _signed(payload, secret):
+        return Verdict(False, f"{ex.name}: the values handed back are not the ones the check made (changed on their "
+                              "way out of the check, or made outside it): no points for this exercise")
     chosen = cases(ex.name, seed, secret)
     results = list(payload["results"])
     if len(results) != len(chosen):
