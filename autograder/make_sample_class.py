@@ -147,6 +147,7 @@ def students() -> dict[str, dict[str, object]]:
     s["vic"] = attacks_around_the_guard()
     s["wes"] = attacks_outside_the_check()
     s["xan"] = attacks_on_the_way_out()
+    s["yul"] = a_copy_of_the_reference()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -421,6 +422,27 @@ def attacks_on_the_way_out() -> dict:
                                "    kept.append((np.asarray(slopes, dtype=float), q_len, k_len, causal))\n"
                                "    return np.zeros((len(kept[-1][0]), q_len, k_len))")
     return {"01_slopes_and_bias": nb01}
+
+
+def a_copy_of_the_reference() -> dict:
+    """The guard knew the reference by its files: a cell of its own copies the package into the kernel's folder
+    and imports it under another name, and each answer calls the copy (full marks for both exercises, and any
+    other, until the guard knew the reference's code by what it is)."""
+    copy = ("import os\nimport shutil\n\npackage = os.path.dirname(os.path.dirname(getattr(plots, '__fi' + 'le__')))\n"
+            "shutil.copytree(package, 'mine', dirs_exist_ok=True)\nimport mine.attention\nimport mine.bias")
+    nb01 = filled("01_slopes_and_bias")
+    nb01.cells.insert(nb01.cells.index(cell(nb01, "alibi_bias")), nbformat.v4.new_code_cell(copy, id="own-copy"))
+    answer(nb01, "alibi_bias", "def alibi_bias(slopes, q_len, k_len=None, causal=False):\n"
+                               "    return mine.bias.alibi_bias(np.asarray(slopes, dtype=float), q_len, k_len, "
+                               "causal=causal)")
+    nb04 = filled("04_causal")
+    where = "import alibi_ref.course.plots as plots\n\n"  # 04 hands out no helper module: the import is allowed
+    nb04.cells.insert(nb04.cells.index(cell(nb04, "decode_step")), nbformat.v4.new_code_cell(where + copy,
+                                                                                             id="own-copy"))
+    answer(nb04, "decode_step", "def decode_step(q_new, K_cache, V_cache, slope):\n"
+                                "    out = mine.attention.alibi_attention(q_new[None, None], K_cache[None], "
+                                "V_cache[None], [slope], causal=True)\n    return out[0, 0]")
+    return {"01_slopes_and_bias": nb01, "04_causal": nb04}
 
 
 def answer(nb, grade_id: str, source: str) -> None:

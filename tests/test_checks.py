@@ -383,6 +383,34 @@ def test_a_guard_started_inside_the_answer_is_caught_and_one_not_running_cannot_
         guard.__exit__(None, None, None)  # a second exit (an answer ending the check's guard early, then the check)
 
 
+def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tmp_path, monkeypatch):
+    """The guard knew the reference by its files: the package copied into the kernel's folder and imported
+    under another name ran unseen, full marks for every exercise (yul in the sample class). Its code is
+    the reference's wherever it was loaded from, with its lines moved down too; an answer that does the
+    same arithmetic in code of its own is not a copy."""
+    import importlib
+    import shutil
+
+    package = Path(checks.__file__).resolve().parents[1]
+    shutil.copytree(package, tmp_path / "mine", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (package).rglob("*.py"):  # every line one further down: the same code, other line numbers
+        moved = tmp_path / "moved" / path.relative_to(package)
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        moved.write_text("\n" + path.read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("mine", "moved"):
+        bias = importlib.import_module(f"{name}.bias")
+
+        def copied(slopes, q_len, k_len=None, causal=False, bias=bias):
+            return bias.alibi_bias(np.asarray(slopes, dtype=float), q_len, k_len, causal=causal)
+
+        v = verdict("alibi_bias", copied, 3)
+        assert not v.passed and "ran a copy of the reference's alibi_ref.bias.alibi_bias" in v.message, v.message
+        assert f"{name}/bias.py" in v.message
+    own, _ = answer("alibi_bias")
+    assert verdict("alibi_bias", own, 3).passed
+
+
 def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
     """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
     __array__ computed the reference once earned full marks, read after the guard had stopped."""

@@ -395,6 +395,49 @@ def _refuser(candidates: frozenset, attributes: frozenset) -> Callable:
     return refuse
 
 
+# a copy of the reference is the reference: its code, whatever file it was loaded from (the package copied under
+# another name and imported: a frame's file name alone missed it, full marks for every exercise). Code an honest
+# answer could be by chance is left out: short code (a comprehension, FlexAttention's textbook `causal`) and
+# mid-sized code without a docstring (the exercises' four-line `softmax`); a docstring is only ever copied
+_SMALLEST_COPY, _SMALLEST_UNDOCUMENTED_COPY = 64, 160  # bytes of bytecode
+
+
+def _fingerprint(code) -> tuple:
+    """What a function's code is, apart from where it came from: its bytecode, names and constants (nested code
+    by its own fingerprint), without its file name or line numbers. Only exact built-in types are read."""
+    consts = tuple(_fingerprint(c) if type(c) is types.CodeType else (type(c), c) for c in code.co_consts)
+    return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_varnames,
+            code.co_names, code.co_code, consts)
+
+
+def _reference_fingerprints() -> dict[tuple, str]:
+    """fingerprint -> qualified name, for every function in the reference's source files (the rule of
+    ``is_reference``: alibi_ref outside alibi_ref.course, and the exercises), compiled here from the files."""
+    found: dict[tuple, str] = {}
+
+    def walk(code, module: str) -> None:
+        for const in code.co_consts:
+            if type(const) is types.CodeType:
+                size, documented = len(const.co_code), bool(const.co_consts) and type(const.co_consts[0]) is str
+                if (size >= (_SMALLEST_COPY if documented else _SMALLEST_UNDOCUMENTED_COPY)
+                        and not const.co_name.endswith("comp>") and const.co_name != "<genexpr>"):
+                    found.setdefault(_fingerprint(const), f"{module}.{const.co_qualname}")
+                walk(const, module)
+
+    for folder, _, names in os.walk(_PACKAGE_DIR):
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or (path.startswith(_COURSE) and path != _EXERCISES_FILE):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    module_code = compile(f.read(), path, "exec", dont_inherit=True)
+            except (OSError, SyntaxError, ValueError):  # a file that is not there or not source: nothing to match
+                continue
+            walk(module_code, path.removeprefix(_PARENT).removesuffix(".py").replace(os.sep, "."))
+    return found
+
+
 def _audit_hook(machinery: list[tuple[str, object, str, object]],
                 whole: list[tuple[str, dict]]) -> tuple[Callable, Callable]:
     """Python's audit hooks, for the life of the interpreter (an audit hook cannot be removed): the guards'
@@ -442,7 +485,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
 
     setters = frozenset({enter_code, exit_code, threading.Thread._bootstrap_inner.__code__, run_watched.__code__})
     threads_setprofile = _threads_setprofile.__code__
-    getframe, new_token, get_ident, sep = _getframe, os.urandom, threading.get_ident, os.sep
+    getframe, new_token, get_ident, sep, fingerprint = _getframe, os.urandom, threading.get_ident, os.sep, _fingerprint
     inside, course, exercises_file, parent, installed = _INSIDE, _COURSE, _EXERCISES_FILE, _PARENT, _INSTALLED
     reach_events, reach_attributes, reached_through_stdlib, stdlib = (
         dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
@@ -473,6 +516,22 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         """Code neither alibi_ref's nor installed: a notebook's cells (the student's), or code they compiled."""
         return not (filename.startswith(inside) or filename.startswith(installed) or filename.startswith("<frozen "))
 
+    copies = _reference_fingerprints()  # the reference's code by what it is, not by the file it came from
+    # code seen -> the reference function it is a copy of, or None. Keyed by the code object (not its id():
+    # id raises an audit event of its own, at every call)
+    copied: dict = {}
+    unseen = object()
+
+    def remember(code) -> str | None:
+        """The reference function whose code ``code`` is (loaded from another file, or built from the reference's
+        source: the package copied and imported under another name), or None; worked out once per code."""
+        found = copied[code] = copies.get(fingerprint(code))
+        return found
+
+    def copy_of(code) -> str | None:
+        found = copied.get(code, unseen)
+        return found if found is not unseen else remember(code)
+
     def record(run, why) -> None:
         if run is not None and run[0] is None and type(why) is str:
             run[0] = why
@@ -484,6 +543,9 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         elif is_reference(code.co_filename):
             module = code.co_filename.removeprefix(parent).removesuffix(".py")
             record(run, f"{module.replace(sep, '.')}.{code.co_name}{where}")
+        elif copy_of(code):
+            record(run, f"the answer ran a copy of the reference's {copy_of(code)} (from {code.co_filename}){where}, "
+                        "a way around the guard against calling the reference")
 
     def raised_by(code) -> bool:
         """Whether the event being handled was raised by ``code`` (a guard's own events, by the guard)."""
@@ -696,8 +758,9 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                         code = frame.f_code
                         caller_trusted = trust.get(frame.f_back, False)
                         trust[frame] = code in trusted or (caller_trusted and not is_answer(code.co_filename))
-                        if (not caller_trusted and code not in trusted and code not in excused
-                                and (code is threads_setprofile or is_reference(code.co_filename))):
+                        if not caller_trusted and code not in trusted and code not in excused and (
+                                code is threads_setprofile or is_reference(code.co_filename)
+                                or (copy if (copy := copied.get(code, unseen)) is not unseen else remember(code))):
                             count(innermost, frame)
                     elif kind == "return":
                         trust.pop(frame, None)
