@@ -78,7 +78,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "calls alibi_ref.attention.alibi_attention from the reference module" in reasons["wes", "02_worked_example"]
     assert "calls alibi_ref.course.exercises.decode_reference (in another thread)" in reasons["wes", "04_causal"]
     assert "alibi_bias: the values handed back are not the ones the check made" in reasons["xan", "01_slopes_and_bias"]
-    assert "ran a copy of the reference's alibi_ref.bias.alibi_bias (from mine/bias.py)" in reasons["yul", "01_slopes_and_bias"]
+    yul = reasons["yul", "01_slopes_and_bias"]
+    assert "ran a copy of the reference's alibi_ref.bias.alibi_bias (from mine/bias.py)" in yul
     assert "ran a copy of the reference's alibi_ref.attention.alibi_attention" in reasons["yul", "04_causal"]
     # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()

@@ -386,17 +386,18 @@ def test_a_guard_started_inside_the_answer_is_caught_and_one_not_running_cannot_
 def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tmp_path, monkeypatch):
     """The guard knew the reference by its files: the package copied into the kernel's folder and imported
     under another name ran unseen, full marks for every exercise (yul in the sample class). Its code is
-    the reference's wherever it was loaded from, with its lines moved down too; an answer that does the
-    same arithmetic in code of its own is not a copy."""
+    the reference's wherever it was loaded from, with its lines moved down and its docstrings changed
+    too; an answer that does the same arithmetic in code of its own is not a copy."""
     import importlib
+    import re
     import shutil
 
     package = Path(checks.__file__).resolve().parents[1]
     shutil.copytree(package, tmp_path / "mine", ignore=shutil.ignore_patterns("__pycache__"))
-    for path in (package).rglob("*.py"):  # every line one further down: the same code, other line numbers
+    for path in package.rglob("*.py"):  # every line one further down and every docstring touched: the same code
         moved = tmp_path / "moved" / path.relative_to(package)
         moved.parent.mkdir(parents=True, exist_ok=True)
-        moved.write_text("\n" + path.read_text())
+        moved.write_text("\n" + re.sub(r'"""(?=[A-Z`])', '"""Mine. ', path.read_text()))
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("mine", "moved"):
         bias = importlib.import_module(f"{name}.bias")

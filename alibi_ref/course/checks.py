@@ -40,12 +40,20 @@ import sys
 import sysconfig
 import threading
 import types
-from _hashlib import hmac_digest as _hmac_digest
-from _json import encode_basestring_ascii as _json_string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+# what signs the hidden checks' values (run, _signature): C functions, taken now, which no cell can rebind
+try:
+    from _hashlib import hmac_digest as _hmac_digest
+except ImportError:  # a Python built without OpenSSL: the standard library's own
+    _hmac_digest = hmac.digest
+try:
+    from _json import encode_basestring_ascii as _json_string
+except ImportError:
+    _json_string = json.encoder.encode_basestring_ascii
 
 MIME = "application/vnd.alibi-course.check+json"
 GRADING_ENV = "ALIBI_COURSE_GRADING"
@@ -404,8 +412,11 @@ _SMALLEST_COPY, _SMALLEST_UNDOCUMENTED_COPY = 64, 160  # bytes of bytecode
 
 def _fingerprint(code) -> tuple:
     """What a function's code is, apart from where it came from: its bytecode, names and constants (nested code
-    by its own fingerprint), without its file name or line numbers. Only exact built-in types are read."""
+    by its own fingerprint), without its file name, line numbers or docstring (a copy with every docstring
+    touched is the same code). Only exact built-in types are read."""
     consts = tuple(_fingerprint(c) if type(c) is types.CodeType else (type(c), c) for c in code.co_consts)
+    if consts and consts[0][0] is str:  # a function's first constant is its docstring (or None)
+        consts = ((str, None), *consts[1:])
     return (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_varnames,
             code.co_names, code.co_code, consts)
 
