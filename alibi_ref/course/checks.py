@@ -554,9 +554,9 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         elif is_reference(code.co_filename):
             module = code.co_filename.removeprefix(parent).removesuffix(".py")
             record(run, f"{module.replace(sep, '.')}.{code.co_name}{where}")
-        elif copy_of(code):  # named by its file's last two parts: the folder it sits in differs per kernel
+        elif original := copy_of(code):  # named by its file's last two parts: its folder differs per kernel
             copied_from = sep.join(code.co_filename.rsplit(sep, 2)[-2:])
-            record(run, f"the answer ran a copy of the reference's {copy_of(code)} (from {copied_from}){where}, "
+            record(run, f"the answer ran a copy of the reference's {original} (from {copied_from}){where}, "
                         "a way around the guard against calling the reference")
 
     def raised_by(code) -> bool:
@@ -772,7 +772,7 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
                         trust[frame] = code in trusted or (caller_trusted and not is_answer(code.co_filename))
                         if not caller_trusted and code not in trusted and code not in excused and (
                                 code is threads_setprofile or is_reference(code.co_filename)
-                                or (copy if (copy := copied.get(code, unseen)) is not unseen else remember(code))):
+                                or copy_of(code)):
                             count(innermost, frame)
                     elif kind == "return":
                         trust.pop(frame, None)
