@@ -286,6 +286,34 @@ def test_an_answer_that_raises_gets_its_error():
     assert "raised RuntimeError: not yet" in verdict("paper_slopes", fn).message
 
 
+def test_an_answer_that_changes_its_inputs_in_place_changes_no_other_case():
+    # the visible cases share the chapter's K and V, the hidden ones their caches: scaling q_new or the keys in
+    # place is sloppy but right, and must not move the next case's inputs (nor the example later cells use)
+    example_K = exercises.K.copy()
+    fn, _ = answer("decode_step", ("    scores = K_cache @ q_new / np.sqrt(q_new.shape[0])",
+                                   "    K_cache /= np.sqrt(q_new.shape[0])\n    scores = K_cache @ q_new"))
+    for seed in (None, 4):
+        v = verdict("decode_step", fn, seed)
+        assert v.passed, v.message
+    assert np.array_equal(exercises.K, example_K)
+
+
+def test_numbers_handed_back_as_lists_are_the_array_they_make():
+    # nested lists (a bias built with loops), a list of numpy scalars, a list of per-head arrays: as
+    # np.asarray reads them; a ragged list is named as what it is
+    fn, _ = answer("alibi_bias", ("    return bias", "    return [[list(row) for row in head] for head in bias]"))
+    assert verdict("alibi_bias", fn, 2).passed
+    fn, _ = answer("alibi_bias", ("    return bias", "    return [np.float32(x) for x in bias.ravel()]"))
+    assert "expected shape (2, 5, 5), got (50,)" in verdict("alibi_bias", fn).message
+    fn, _ = answer("alibi_head", ("return weights, weights @ Vh", "return list(weights), [r for r in weights @ Vh]"))
+    assert verdict("alibi_head", fn, 1).passed
+    fn, _ = answer("alibi_bias", ("    return bias", "    return [list(head[:, :-1]) if h else head for h, head in "
+                                                   "enumerate(bias)]"))
+    assert "got a list or tuple of 2 items that are not one array of numbers" in verdict("alibi_bias", fn).message
+    long = [[0.0]] * (checks.MAX_SEQUENCE + 1)
+    assert decode(encode(long)).what.startswith(f"a sequence of {checks.MAX_SEQUENCE + 1} items")
+
+
 # ----------------------------------------------------------------------------- the guard
 
 def test_the_reference_is_caught_however_reached_and_an_allowed_helper_is_not():

@@ -61,6 +61,7 @@ GRADING_ENV = "ALIBI_COURSE_GRADING"
 # expected magnitude (at least 1): float32's rounding after the few dozen operations of an exercise
 FLOAT32_SLACK = 2e-5
 MAX_CASE_BYTES = 16 * 2**20
+MAX_SEQUENCE = 4096  # items in a list or tuple handed back (nested lists where an array was asked for included)
 
 
 # ----------------------------------------------------------------------------- what an exercise is
@@ -146,7 +147,9 @@ def encode(value, depth: int = 0):
     if isinstance(value, dict):
         return {"map": {str(k): encode(v, depth + 1) for k, v in list(value.items())[:64]}}
     if isinstance(value, (tuple, list)) and not all(isinstance(x, (int, float)) for x in value):
-        return {"seq": [encode(v, depth + 1) for v in value[:64]]}
+        if len(value) > MAX_SEQUENCE:  # not cut short: a shortened list would be judged as if it were the answer
+            return {"other": f"a sequence of {len(value)} items (at most {MAX_SEQUENCE}: return an array)"}
+        return {"seq": [encode(v, depth + 1) for v in value]}
     kind, device, dtype = "array", "cpu", None
     if hasattr(value, "detach") and hasattr(value, "device"):  # a torch tensor
         kind, device, dtype = "tensor", str(value.device), str(value.dtype).removeprefix("torch.")
@@ -877,7 +880,9 @@ def _to_jax(x, dtype):
 
 def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False) -> dict:
     """One case in this kernel: the value (encoded) or the error, the device the inputs were on, any reference call."""
-    args, kwargs, where = case.args, dict(case.kwargs), None
+    # each call gets inputs of its own: cases share arrays (the chapter's Q, K, V), and an answer that changes
+    # its inputs in place (`x -= x.max()`) must not change the next case's, or the next exercise's
+    args, kwargs, where = _fresh(case.args), _fresh(dict(case.kwargs)), None
     if ex.torch_inputs:
         where = str(case.device or device or "cpu")
         args = tuple(_to_torch(a, where, case.input_dtype) for a in args)
@@ -896,6 +901,17 @@ def _call(answer: Callable, case: Case, ex: Exercise, device, lent: bool = False
             said = str(err)[:300]
             result = {"raised": f"{type(err).__name__}: {said}" if said else type(err).__name__}
     return {**result, "reference_call": guard.call, "device": where}
+
+
+def _fresh(value):
+    """``value`` with every array, list, tuple and dict in it copied (the cases' own types: nothing else is)."""
+    if type(value) is np.ndarray:
+        return value.copy()
+    if type(value) in (list, tuple):
+        return type(value)(_fresh(x) for x in value)
+    if type(value) is dict:
+        return {k: _fresh(v) for k, v in value.items()}
+    return value
 
 
 def _with_reference_upstream(answer: Callable, names: list[str]) -> Callable:
@@ -1088,6 +1104,8 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
     got = decode(result["value"])
+    if not isinstance(expected, (tuple, dict, str, Expect)):
+        got = _as_one_array(got)
     if ex.torch_inputs and isinstance(got, Leaf) and (got.kind != "tensor" or got.device != result.get("device")):
         return f"expected a tensor on {result.get('device')} (the inputs' device), got {_what(got)} on {got.device}"
     return compare(got, expected, case)
@@ -1118,13 +1136,34 @@ def compare(got, expected, case: Case, path: str = "") -> str | None:
         return None if got == expected else f"{at}expected {expected!r}, got {_what(got)}"
     if isinstance(expected, Expect):
         return expected.check(got, case, at)
+    got = _as_one_array(got)
     if isinstance(got, Leaf) and got.values is None:
         return f"{at}a tensor on the meta device has no values to compare"
     if not isinstance(got, Leaf):
-        return f"{at}expected numbers, got {_what(got)}"
+        wanted = f"an array of shape {tuple(np.shape(expected))}" if np.ndim(expected) else "a number"
+        return f"{at}expected {wanted}, got {_what(got)}"
     if case.dtype and got.dtype != case.dtype:
         return f"{at}expected dtype {case.dtype}, got {got.dtype}"
     return compare_arrays(got.values, _as_float64(expected), case, at)
+
+
+def _as_one_array(got):
+    """Where an array is expected, a sequence of numbers is one (nested lists, a list of numpy scalars or of
+    tensors), as ``np.asarray`` and ``assert_allclose`` read it: one Leaf if its items are arrays of one shape,
+    else ``got`` as it came. A tuple of several results is never read this way: the judge compares it item by
+    item, since ``expected`` says what each is."""
+    if not isinstance(got, tuple) or not got:
+        return got
+    parts = [_as_one_array(x) for x in got]
+    if not all(isinstance(p, Leaf) and p.values is not None for p in parts) or len({p.shape for p in parts}) > 1:
+        return got
+
+    def common(values: set[str], mixed: str) -> str:
+        return values.pop() if len(values) == 1 else mixed
+
+    return Leaf(np.stack([p.values for p in parts]), (len(parts), *parts[0].shape),
+                common({p.dtype for p in parts}, "mixed"), common({p.device for p in parts}, "mixed"),
+                common({p.kind for p in parts}, "array"))
 
 
 def _as_float64(x) -> np.ndarray:
@@ -1166,7 +1205,7 @@ def _what(x) -> str:
     if isinstance(x, Other):
         return x.what
     if isinstance(x, tuple):
-        return f"a tuple of {len(x)}"
+        return f"a list or tuple of {len(x)} items that are not one array of numbers"
     return repr(x)[:80]
 
 
