@@ -1104,7 +1104,7 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
     got = decode(result["value"])
-    if not isinstance(expected, (tuple, dict, str, Expect)):
+    if not isinstance(expected, (tuple, dict, str)):
         got = _as_one_array(got)
     if ex.torch_inputs and isinstance(got, Leaf) and (got.kind != "tensor" or got.device != result.get("device")):
         return f"expected a tensor on {result.get('device')} (the inputs' device), got {_what(got)} on {got.device}"
@@ -1134,9 +1134,9 @@ def compare(got, expected, case: Case, path: str = "") -> str | None:
         return None
     if isinstance(expected, str):
         return None if got == expected else f"{at}expected {expected!r}, got {_what(got)}"
+    got = _as_one_array(got)
     if isinstance(expected, Expect):
         return expected.check(got, case, at)
-    got = _as_one_array(got)
     if isinstance(got, Leaf) and got.values is None:
         return f"{at}a tensor on the meta device has no values to compare"
     if not isinstance(got, Leaf):
