@@ -442,6 +442,54 @@ def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tm
     assert verdict("alibi_bias", own, 3).passed
 
 
+def test_a_graph_compiled_from_the_reference_before_the_check_is_seen_and_torch_compile_answers_run():
+    """torch.compile's cached graph of the reference (dynamic shapes: one graph for every case) ran with no frame
+    of the reference's and passed the visible checks; inside a check compiled code now runs as its Python."""
+    import warnings
+
+    from alibi_ref import alibi_attention
+
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+    traced = torch.compile(lambda q, k, v, slopes, causal: alibi_attention(q, k, v, slopes, causal=causal,
+                                                                           impl="naive"),
+                           dynamic=True, backend="aot_eager")
+    for case in checks.cases("sdpa_alibi", None):  # warmed before the check, as an earlier cell would
+        q, k, v, slopes = (torch.tensor(a) for a in case.args[:4])
+        for causal in (False, True):
+            traced(q, k, v, slopes, causal)
+
+    def replayed(q, k, v, slopes, causal=False):
+        return traced(q, k, v, slopes, causal)
+
+    def stance_undone(q, k, v, slopes, causal=False):
+        torch.compiler.set_stance("default")
+        return traced(q, k, v, slopes, causal)
+
+    for cheat in (replayed, stance_undone):
+        v = verdict("sdpa_alibi", cheat)
+        assert not v.passed and ("calls alibi_ref" in v.message or "a way around the guard" in v.message), v.message
+        assert "Hint" not in v.message  # the reference's values are no mistake to name
+    torch.compiler.set_stance("default")
+
+    # an honest answer through torch.compile (FlexAttention compiled, as PyTorch's documentation runs it)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled_flex = torch.compile(flex_attention, backend="aot_eager")
+
+    def sdpa_alibi(q, k, v, slopes, causal=False):
+        shift = k.shape[-2] - q.shape[-2]
+
+        def score_mod(score, b, h, i, j):
+            biased = score - slopes[h] * (i + shift - j).abs()
+            return torch.where(j <= i + shift, biased, -float("inf")) if causal else biased
+
+        return compiled_flex(q, k, v, score_mod=score_mod)
+
+    for seed in (None, 3):
+        v = verdict("sdpa_alibi", sdpa_alibi, seed)
+        assert v.passed, v.message
+
+
 def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
     """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
     __array__ computed the reference once earned full marks, read after the guard had stopped."""
