@@ -490,6 +490,27 @@ def test_a_graph_compiled_from_the_reference_before_the_check_is_seen_and_torch_
         assert v.passed, v.message
 
 
+def test_the_reference_jitted_before_the_check_for_its_shapes_is_seen():
+    """jax.jit's cache replays the reference's program with no frame of it: warmed in an earlier cell for the
+    shapes the cases draw from (here the very ones), it passed every check of alibi_bias_jax."""
+    import jax
+    import jax.numpy as jnp
+
+    from alibi_ref import alibi_bias
+
+    jitted = jax.jit(lambda slopes, T: alibi_bias(slopes, T), static_argnums=1)
+    for seed in (None, 3):
+        for case in checks.cases("alibi_bias_jax", seed):
+            jitted(jnp.asarray(case.args[0], dtype=jnp.float32), case.args[1])
+
+    def alibi_bias_jax(slopes, T):
+        return jitted(slopes, T)
+
+    for seed in (None, 3):
+        v = verdict("alibi_bias_jax", alibi_bias_jax, seed)
+        assert not v.passed and "calls alibi_ref.bias.alibi_bias" in v.message, v.message
+
+
 def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
     """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
     __array__ computed the reference once earned full marks, read after the guard had stopped."""
