@@ -148,6 +148,7 @@ def students() -> dict[str, dict[str, object]]:
     s["wes"] = attacks_outside_the_check()
     s["xan"] = attacks_on_the_way_out()
     s["yul"] = a_copy_of_the_reference()
+    s["zed"] = a_compiled_reference()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -443,6 +444,23 @@ def a_copy_of_the_reference() -> dict:
                                 "    out = mine.attention.alibi_attention(q_new[None, None], K_cache[None], "
                                 "V_cache[None], [slope], causal=True)\n    return out[0, 0]")
     return {"01_slopes_and_bias": nb01, "04_causal": nb04}
+
+
+def a_compiled_reference() -> dict:
+    """A compiled program runs without a frame of the code it was traced from: cells of its own compile the
+    reference under jax.jit for every shape the hidden cases draw from, and the answer replays that program
+    (full marks until each check emptied JAX's caches, so that the reference is traced again, watched)."""
+    nb10 = filled("10_jax_flax")
+    warm = ("from alibi_ref import alibi_bias\n\nfast_bias = jax.jit(lambda slopes, T: alibi_bias(slopes, T), "
+            "static_argnums=1)\n", "")
+    shapes = ("[(2, 4), (1, 1), (8, 9), (4, 16), (16, 3)] + [(H, T) for H in range(2, 5) for T in range(2, 20)]",
+              "[(H, T) for H in range(5, 9) for T in range(2, 20)]")  # two cells: each well inside a cell's time
+    where = nb10.cells.index(cell(nb10, "alibi_bias_jax"))
+    for n, (head, chosen) in enumerate(zip(warm, shapes, strict=True)):
+        source = f"{head}for H, T in {chosen}:\n    fast_bias(jnp.ones(H, jnp.float32), T)"
+        nb10.cells.insert(where + n, nbformat.v4.new_code_cell(source, id=f"own-warm-up-{n}"))
+    answer(nb10, "alibi_bias_jax", "def alibi_bias_jax(slopes, T):\n    return fast_bias(slopes, T)")
+    return {"10_jax_flax": nb10}
 
 
 def answer(nb, grade_id: str, source: str) -> None:
