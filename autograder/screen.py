@@ -18,7 +18,8 @@ what no answer needs and only a reach for the reference or around that guard doe
   ``os.system``...: the guard watches only the threads started while it runs), walking the
   interpreter's objects or frames (``gc``, ``ctypes``, ``inspect.stack``, ``sys._getframe``),
   running code built at run time (``exec``, ``eval``, ``compile``), setting attributes through
-  ``setattr`` or changing private attributes and keys (outside a class's own ``self``), and
+  ``setattr`` or changing private attributes and keys (outside a class's own ``self``, and of objects
+  other than those the notebook makes itself: a dict it writes out, an instance of its own class), and
   private names of the course's helpers (``checks._lend``).
 
 Answer cells are held to all of it; cells the student added, to what lasts (``Finding.lasting``).
@@ -107,8 +108,11 @@ def _current_name(name: str) -> str:
     return f"{PACKAGE}.course.{last}" if head == PACKAGE and last in _MOVED_TO_COURSE else name
 
 
-def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tuple[int, str, bool]]:
-    """(line, what, lasting) for every reach around the checks: see the module's docstring and ``Finding``."""
+def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str],
+             owned: frozenset[str] = frozenset()) -> list[tuple[int, str, bool]]:
+    """(line, what, lasting) for every reach around the checks: see the module's docstring and ``Finding``.
+    ``owned``: names of objects the notebook makes itself (``_owned``), whose private parts are its own."""
+    mine = owned | {"self", "cls"}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -119,7 +123,7 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
                     root = root.value
                 if target is not root and isinstance(root, ast.Name) and root.id in modules:
                     found.append((node.lineno, f"changes {root.id}, which comes from alibi_ref", True))
-                elif _private(target) and not (isinstance(root, ast.Name) and root.id in ("self", "cls")):
+                elif _private(target) and not (isinstance(root, ast.Name) and root.id in mine):
                     found.append((node.lineno, f"changes a private part of an object ({_private(target)}), "
                                                "which no exercise needs", True))
         elif isinstance(node, ast.Attribute) and node.attr in GUARD_SWITCHES | INSIDES:
@@ -141,7 +145,7 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str]) -> list[tu
         if isinstance(node, ast.Name) and node.id == "__builtins__":
             found.append((node.lineno, f"{BUILTINS[node.id]} (__builtins__), which no exercise needs", True))
         elif isinstance(node, ast.Call):
-            found += [(node.lineno, *found_here) for found_here in [_builtin_call(node, modules)] if found_here]
+            found += [(node.lineno, *found_here) for found_here in [_builtin_call(node, modules, mine)] if found_here]
     return sorted(set(found))
 
 
@@ -159,6 +163,43 @@ def _root(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
+
+
+def _owned(trees, modules: set[str]) -> frozenset[str]:
+    """Names the notebook binds only to objects it makes itself, and never otherwise: a dict, list or set it
+    writes out or builds (``{}``, a comprehension, ``dict(...)``), or an instance of a class it defines on
+    bases not from alibi_ref. Their private keys and attributes (``cache["_last"]``, ``m._slopes``) are the
+    student's own state: the rule against changing private parts is for objects that came from elsewhere
+    (a guard, a module's globals)."""
+    trees = list(trees)
+    classes = {node.name for tree in trees for node in ast.walk(tree)
+               if isinstance(node, ast.ClassDef) and not any(_root(base) in modules for base in node.bases)}
+    made, other, direct = set(), set(), set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        direct.add(id(target))
+                        (made if _makes_its_own(node.value, classes) else other).add(target.id)
+    for tree in trees:  # every other way a name is bound: a loop, with ... as, a parameter, an import, :=
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in direct:
+                other.add(node.id)
+            elif isinstance(node, ast.arg):
+                other.add(node.arg)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                other |= {a.asname or a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Global, ast.Nonlocal)):
+                other |= set(getattr(node, "names", [getattr(node, "name", "")]))
+    return frozenset(made - other)
+
+
+def _makes_its_own(value: ast.AST, classes: set[str]) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in (
+        classes | {"dict", "list", "set"})
 
 
 def _bound_modules(trees) -> dict[str, str]:
@@ -199,9 +240,9 @@ def _around(dotted: str | None) -> str | None:
     return None
 
 
-def _builtin_call(call: ast.Call, modules: set[str]) -> tuple[str, bool] | None:
+def _builtin_call(call: ast.Call, modules: set[str], mine: frozenset[str]) -> tuple[str, bool] | None:
     """(what, lasting) for a call of a builtin that goes around the checks (exec, setattr outside self, ...).
-    ``modules``: the names bound to something from alibi_ref."""
+    ``modules``: the names bound to something from alibi_ref; ``mine``: to objects the notebook made."""
     if not isinstance(call.func, ast.Name):
         return None
     name, args = call.func.id, call.args
@@ -209,7 +250,7 @@ def _builtin_call(call: ast.Call, modules: set[str]) -> tuple[str, bool] | None:
         return f"{BUILTINS[name]}, which no exercise needs", False
     if name in BUILTINS and name != "vars":
         return f"{BUILTINS[name]} ({name}), which no exercise needs", True
-    if name in ("setattr", "delattr") and not (args and isinstance(args[0], ast.Name) and args[0].id == "self"):
+    if name in ("setattr", "delattr") and not (args and isinstance(args[0], ast.Name) and args[0].id in mine):
         return f"sets an attribute through {name} (outside a class's own self), which no exercise needs", True
     if name in ("getattr", "hasattr") and len(args) > 1 and isinstance(args[1], ast.Constant):
         attribute = str(args[1].value)
@@ -254,6 +295,7 @@ def screen_notebook(nb) -> list[Finding]:
         else:
             handed_out |= {name for name, _, _ in imports}
     bound = _bound_modules(trees)
+    owned = _owned(trees, modules)
     findings = []
     for index, label, own, tree, imports in written:
         for name, _, line in imports if not own else ():
@@ -261,7 +303,7 @@ def screen_notebook(nb) -> list[Finding]:
                 findings.append(Finding(label, line, f"imports {name} from the reference module; this notebook "
                                                      "asks you to write it yourself", index))
         said = set()  # one finding per reason and cell: its first line
-        for line, what, lasting in _reaches(tree, modules, bound):
+        for line, what, lasting in _reaches(tree, modules, bound, owned):
             if (lasting or not own) and what not in said:
                 said.add(what)
                 findings.append(Finding(label, line, what, index, lasting))

@@ -1118,6 +1118,9 @@ def _notebook_with_answer(source):
     "import torch\n\nclass Scaled(torch.nn.Module):\n    def __init__(self, dtype_name):\n        super().__init__()\n"
     "        self._dtype = getattr(torch, dtype_name)\n        self.cache = {'_last': None}\n\n"
     "def softmax(x):\n    return x",
+    # private keys and attributes of objects the notebook makes itself: its own state
+    "softmax_cache = {}\nsoftmax_cache['_last'] = None\n\nclass Box:\n    pass\n\nbox = Box()\nbox._seen = 0\n"
+    "setattr(box, 'axis', -1)\n\ndef softmax(x):\n    return x",
 ])
 def test_honest_answers_are_not_flagged(source):
     assert screen_notebook(_notebook_with_answer(source)) == []
@@ -1158,6 +1161,10 @@ def test_honest_answers_are_not_flagged(source):
     ("G = get_the_guard()\nG._hook = print", "changes a private part of an object (_hook)"),
     ("G = get_the_guard()\nG.__enter__ = print", "changes a private part of an object (__enter__)"),
     ("g = get_globals()\ng['_setprofile'] = print", "changes a private part of an object (_setprofile)"),
+    # a name bound to an object of the notebook's own somewhere, and to something else elsewhere, is not its own
+    ("g = {}\ng = get_globals()\ng['_setprofile'] = print", "changes a private part of an object (_setprofile)"),
+    ("import alibi_ref.course.checks as c\n\nclass G(c.ReferenceGuard):\n    pass\n\nmine = G()\nmine._hook = print",
+     "changes a private part of an object (_hook)"),
 ])
 def test_reaching_for_the_reference_is_flagged(source, reason):
     findings = screen_notebook(_notebook_with_answer(source))
