@@ -184,7 +184,10 @@ def test_classic_mistakes_are_named(name, edits, hint):
 
 def _as_an_answer_returns(value, ex, case):
     """A NumPy value as an answer to ``ex`` returns it: a tensor (the case's dtype, else float64) where the
-    exercise hands its answers tensors, a JAX array (float32 unless the case says) where JAX arrays."""
+    exercise hands its answers tensors, a JAX array (float32 unless the case says) where JAX arrays. Of the
+    values an exercise accepts (``AnyOf``), the first."""
+    if isinstance(value, exercises.AnyOf):
+        value = value.values[0]
     if isinstance(value, (tuple, list)):
         return type(value)(_as_an_answer_returns(v, ex, case) for v in value)
     if not isinstance(value, np.ndarray):
@@ -263,20 +266,32 @@ def test_a_wrong_upstream_costs_only_its_own_exercise():
     assert not verdict("alibi_head", wrong_too, 2).passed, "a correct softmax does not rescue a wrong head"
 
 
-def test_the_boolean_mask_pitfall_is_named_in_mha_alibi():
+def _mha_alibi(built_in_dtype: bool, as_bool: bool = False):
     from torch import nn
 
     def mha_alibi(seed, x, num_heads, qkv_features):
         if x.shape[-1] != qkv_features:
             raise ValueError("features")
         torch.manual_seed(seed)
-        mha = nn.MultiheadAttention(qkv_features, num_heads).to(device=x.device, dtype=x.dtype)
+        if built_in_dtype:  # "on x's device and dtype", as PyTorch's factory arguments say it
+            mha = nn.MultiheadAttention(qkv_features, num_heads, device=x.device, dtype=x.dtype)
+        else:
+            mha = nn.MultiheadAttention(qkv_features, num_heads).to(device=x.device, dtype=x.dtype)
         slopes = torch.as_tensor(get_slopes(num_heads), device=x.device, dtype=x.dtype)
         i = torch.arange(x.shape[0], device=x.device)
         bias = -slopes[:, None, None] * (i[:, None] - i[None, :]).abs()
-        return mha(x, x, x, attn_mask=bias.bool(), need_weights=False)[0].flatten()
+        return mha(x, x, x, attn_mask=bias.bool() if as_bool else bias, need_weights=False)[0].flatten()
 
-    v = verdict("mha_alibi", mha_alibi)
+    return mha_alibi
+
+
+@pytest.mark.parametrize("built_in_dtype", [False, True])
+def test_mha_alibi_built_either_way_earns_the_points_and_its_pitfall_is_named(built_in_dtype):
+    # built in float64, the layer's weights are drawn in float64: every entry differed from the float32 draw's
+    for seed in (None, 14):
+        v = verdict("mha_alibi", _mha_alibi(built_in_dtype), seed)
+        assert v.passed, v.message
+    v = verdict("mha_alibi", _mha_alibi(built_in_dtype, as_bool=True))
     assert not v.passed and "boolean mask" in v.message, v.message
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
-from .checks import Case, Exercise, Expect, Leaf, Mistake, exercise
+from .checks import Case, Exercise, Expect, Leaf, Mistake, compare, exercise
 from .examples import cat_sat_on_mat
 from .harness import jitted_with_static_length, peak_and_output, score_mod_outputs
 
@@ -568,15 +568,28 @@ exercise(Exercise(
 ))
 
 
-def mha_reference(seed, x, num_heads, qkv_features, **flags):
-    """nn.MultiheadAttention's own projections, seeded as the exercise asks, around ALiBi attention."""
+class AnyOf(Expect):
+    """Right if it is any one of ``values`` (each compared as a value is): where the exercise's wording allows
+    more than one right answer. A wrong one is told how far it is from the first."""
+
+    def __init__(self, *values):
+        self.values = values
+
+    def check(self, got, case, at):
+        problems = [compare(got, value, case, at) for value in self.values]
+        return None if None in problems else problems[0]
+
+
+def mha_reference(seed, x, num_heads, qkv_features, drawn_in=None, **flags):
+    """nn.MultiheadAttention's own projections, seeded as the exercise asks, around ALiBi attention. ``drawn_in``:
+    the dtype the layer is built in (its weights drawn in it), or None: built in float32, then moved."""
     import torch
     from torch import nn
 
     x = torch.as_tensor(np.asarray(x, float))
     T, E = x.shape
     torch.manual_seed(int(seed))
-    m = nn.MultiheadAttention(E, num_heads).double()
+    m = nn.MultiheadAttention(E, num_heads, dtype=drawn_in).double()
     wq, wk, wv = m.in_proj_weight.detach().chunk(3)
     bq, bk, bv = m.in_proj_bias.detach().chunk(3)
     q, k, v = ((x @ w.T + b).reshape(T, num_heads, E // num_heads).transpose(0, 1).numpy()
@@ -584,6 +597,16 @@ def mha_reference(seed, x, num_heads, qkv_features, **flags):
     out = attention_variant(q, k, v, get_slopes(num_heads), **flags)[0]  # (H, T, d)
     y = torch.as_tensor(out).transpose(0, 1).reshape(T, E)
     return m.out_proj(y).detach().flatten().numpy()
+
+
+def _either_build(**flags):
+    """The layer built "on x's device and dtype" either way a student builds it: in float32 then moved
+    (``.to(x)``), or built in x's dtype (``dtype=x.dtype``), whose weights are drawn in float64 and so differ
+    from the float32 draw in every digit past the seventh. (On a GPU, built with ``device=`` draws from the
+    device's own generator: other weights altogether, which no reference on the CPU can match.)"""
+    import torch
+
+    return lambda *args: AnyOf(mha_reference(*args, **flags), mha_reference(*args, drawn_in=torch.float64, **flags))
 
 
 def _mha_cases(rng):
@@ -599,14 +622,13 @@ exercise(Exercise(
                      Case("mha_alibi(0, x of shape (6, 5), 2, 8): x's features do not match qkv_features",
                           (0, np.ones((6, 5)), 2, 8), raises="ValueError")],
     hidden=_mha_cases,
-    reference=mha_reference,
+    reference=_either_build(),
     mistakes=(Mistake("the bias went in as a boolean mask: nn.MultiheadAttention reads True as 'may not attend', "
                       "so every key but the query's own is masked and the slopes are lost (section 7.3); pass the "
-                      "float bias", lambda *a: mha_reference(*a, bool_mask=True)),
+                      "float bias", _either_build(bool_mask=True)),
               Mistake("the bias has the wrong sign: attn_mask is added to the scores, so it must be -m * |i - j|",
-                      lambda *a: mha_reference(*a, sign=1.0)),
-              Mistake("this is attention without ALiBi: is the bias reaching attn_mask?",
-                      lambda *a: mha_reference(*a, sign=0.0))),
+                      _either_build(sign=1.0)),
+              Mistake("this is attention without ALiBi: is the bias reaching attn_mask?", _either_build(sign=0.0))),
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
     allowed=(get_slopes,),  # the notebook imports it: the exercise is the layer, not the slopes
