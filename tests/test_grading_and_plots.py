@@ -40,6 +40,9 @@ def test_comparison_messages_say_what_differs_and_no_more():
         "1 of 2 entries are off. Worst: [1] expected 0.3, got 0.2")
     assert _compare(np.zeros(3), np.zeros((3, 1)), atol=1) == "expected shape (3, 1), got (3,)"
     assert "at (1,) expected 0.3, got -inf" in _compare([0.1, -np.inf], np.array([0.1, 0.3]), atol=1)
+    finfo_min = _compare([0.1, np.finfo(np.float32).min], np.array([0.1, -np.inf]), atol=1)
+    assert "a large negative number stands in for -inf" in finfo_min
+    assert "stands in" not in _compare([0.1, 2.0], np.array([0.1, -np.inf]), atol=1)
     assert _compare(None, np.array([1.0]), atol=1) == "expected an array of shape (1,), got None"
     assert _compare((np.ones(2), np.ones(3)), (np.ones(2), np.zeros(3)), atol=0.1).startswith("[1]: 3 of 3")
 

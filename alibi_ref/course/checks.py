@@ -1204,8 +1204,11 @@ def compare_arrays(got: np.ndarray, expected: np.ndarray, case: Case, at: str = 
     misplaced = (np.isfinite(got) != finite) | (~finite & ~np.isnan(expected) & (got != expected))
     if misplaced.any():
         index = tuple(int(i) for i in np.argwhere(misplaced)[0])
+        stand_in = expected[index] == -np.inf and np.isfinite(got[index]) and got[index] <= -1e4
+        why = ("a large negative number stands in for -inf: masked entries must be -inf itself, as asked"
+               if stand_in else "infinities and nans must sit where expected")
         return (f"{at}at {index} expected {_number(expected[index])}, got {_number(got[index])} "
-                f"(infinities and nans must sit where expected: {int(misplaced.sum())} entries differ)")
+                f"({why}: {int(misplaced.sum())} entries differ)")
     diff = np.where(finite, np.abs(got - np.where(finite, expected, 0.0)), 0.0)
     scale = max(1.0, float(np.abs(expected[finite]).max())) if finite.any() else 1.0
     slack = 0.0 if case.exact else FLOAT32_SLACK * scale
