@@ -324,7 +324,7 @@ def test_numbers_handed_back_as_lists_are_the_array_they_make():
     assert verdict("alibi_head", fn, 1).passed
     fn, _ = answer("alibi_bias", ("    return bias", "    return [list(head[:, :-1]) if h else head for h, head in "
                                                    "enumerate(bias)]"))
-    assert "got a list or tuple of 2 items that are not one array of numbers" in verdict("alibi_bias", fn).message
+    assert "got a list or tuple of 2 items that do not make one array of numbers" in verdict("alibi_bias", fn).message
     halves = decode(encode([np.float32(0.25), np.float32(0.75)]))  # an expectation reads them as numbers too
     assert checks.compare(halves, exercises.SumsTo(1.0), Case("the sum")) is None
     long = [[0.0]] * (checks.MAX_SEQUENCE + 1)

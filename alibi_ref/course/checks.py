@@ -924,7 +924,8 @@ def _uncompiled():
     if dynamo is None:
         return contextlib.nullcontext()
     dynamo.reset()
-    return sys.modules["torch"].compiler.set_stance("force_eager")
+    set_stance = getattr(sys.modules["torch"].compiler, "set_stance", None)  # torch >= 2.6; before, reset alone
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def _fresh(value):
@@ -1166,7 +1167,8 @@ def compare(got, expected, case: Case, path: str = "") -> str | None:
         return f"{at}a tensor on the meta device has no values to compare"
     if not isinstance(got, Leaf):
         wanted = f"an array of shape {tuple(np.shape(expected))}" if np.ndim(expected) else "a number"
-        return f"{at}expected {wanted}, got {_what(got)}"
+        ragged = " that do not make one array of numbers" if isinstance(got, tuple) else ""
+        return f"{at}expected {wanted}, got {_what(got)}{ragged}"
     if case.dtype and got.dtype != case.dtype:
         return f"{at}expected dtype {case.dtype}, got {got.dtype}"
     return compare_arrays(got.values, _as_float64(expected), case, at)
@@ -1233,7 +1235,7 @@ def _what(x) -> str:
     if isinstance(x, Other):
         return x.what
     if isinstance(x, tuple):
-        return f"a list or tuple of {len(x)} items that are not one array of numbers"
+        return f"a list or tuple of {len(x)} items"
     return repr(x)[:80]
 
 
