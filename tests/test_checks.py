@@ -313,6 +313,57 @@ def test_an_answer_that_changes_its_inputs_in_place_changes_no_other_case():
     assert np.array_equal(exercises.K, example_K)
 
 
+def _inputs_key(args, kwargs) -> str:
+    """The inputs of a call as text: arrays by their values, so a copy of the case's array finds its entry."""
+    def text(x):
+        if isinstance(x, np.ndarray):
+            return f"array{x.shape}{x.astype(float).tobytes().hex() if x.dtype.kind in 'fiub' else repr(x)}"
+        if isinstance(x, (list, tuple)):
+            return "[" + ",".join(map(text, x)) + "]"
+        if isinstance(x, dict):
+            return "{" + ",".join(f"{k}:{text(v)}" for k, v in sorted(x.items())) + "}"
+        return repr(x)
+    return text((args, kwargs))
+
+
+def _in_float32(value):
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype.kind == "f" else value
+
+
+HONEST_FORMS = {  # name -> what it does to the reference's value, and whether it changes the inputs in place
+    "as is": (lambda v: v, False),
+    "float32": (lambda v: tuple(map(_in_float32, v)) if isinstance(v, tuple) else _in_float32(v), False),
+    "nested lists": (lambda v: tuple(x.tolist() if isinstance(x, np.ndarray) else x for x in v)
+                     if isinstance(v, tuple) else v.tolist() if isinstance(v, np.ndarray) else v, False),
+    "read-only": (lambda v: np.broadcast_to(v, v.shape) if isinstance(v, np.ndarray) else v, False),
+    "Fortran order": (lambda v: np.asfortranarray(v) if isinstance(v, np.ndarray) and v.ndim > 1 else v, False),
+    "a list for a tuple": (lambda v: list(v) if isinstance(v, tuple) else v, False),
+    "inputs changed in place": (lambda v: v, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(name for name, ex in EXERCISES.items() if not (
+    ex.adapter or ex.torch_inputs or ex.jax_inputs or any(c.expected is not None for c in checks.cases(name, None))
+)))
+def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_points(name):
+    """Each NumPy exercise, answered with the reference's own values (looked up by the inputs, made outside
+    the check) in the forms students hand them back: the judge must pass every one, visible and hidden. Two
+    of these failed before: inputs changed in place (the cases share arrays) and nested lists."""
+    ex = EXERCISES[name]
+    for seed in (None, 5):
+        values = {_inputs_key(c.args, c.kwargs): ex.reference(*c.args, **c.kwargs) for c in checks.cases(name, seed)}
+        for form, (returned, in_place) in HONEST_FORMS.items():
+            def honest(*args, **kwargs):
+                value = values[_inputs_key(args, kwargs)]
+                for x in [*args, *kwargs.values()] if in_place else ():
+                    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+                        x += 1.0
+                return returned(value)
+
+            v = verdict(name, honest, seed)
+            assert v.passed, (form, seed, v.message)
+
+
 def test_numbers_handed_back_as_lists_are_the_array_they_make():
     # nested lists (a bias built with loops), a list of numpy scalars, a list of per-head arrays: as
     # np.asarray reads them; a ragged list is named as what it is
