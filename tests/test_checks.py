@@ -353,7 +353,7 @@ def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_p
     for seed in (None, 5):
         values = {_inputs_key(c.args, c.kwargs): ex.reference(*c.args, **c.kwargs) for c in checks.cases(name, seed)}
         for form, (returned, in_place) in HONEST_FORMS.items():
-            def honest(*args, **kwargs):
+            def honest(*args, values=values, returned=returned, in_place=in_place, **kwargs):
                 value = values[_inputs_key(args, kwargs)]
                 for x in [*args, *kwargs.values()] if in_place else ():
                     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
