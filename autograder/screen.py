@@ -109,7 +109,7 @@ def _current_name(name: str) -> str:
 
 
 def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str],
-             owned: frozenset[str] = frozenset()) -> list[tuple[int, str, bool]]:
+             owned: frozenset[str]) -> list[tuple[int, str, bool]]:
     """(line, what, lasting) for every reach around the checks: see the module's docstring and ``Finding``.
     ``owned``: names of objects the notebook makes itself (``_owned``), whose private parts are its own."""
     mine = owned | {"self", "cls"}
@@ -165,7 +165,7 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _owned(trees, modules: set[str]) -> frozenset[str]:
+def _owned(trees: list[ast.AST], modules: set[str]) -> frozenset[str]:
     """Names the notebook binds only to objects it makes itself, and never otherwise: a dict, list or set it
     writes out or builds (``{}``, a comprehension, ``dict(...)``), or an instance of a class it defines on
     bases not from alibi_ref. Their private keys and attributes (``cache["_last"]``, ``m._slopes``) are the
