@@ -8,20 +8,27 @@ whole submission, passing cells included. This one records what happened instead
   "not run" error, so those test cells score 0 while the cells before keep their points;
 - an answer cell flagged by the static screen (``screen.py``: it reaches for the reference)
   fails its own exercise's test cell;
+- a cell's output past ``output_limit`` is left out as it arrives, with a note saying how much: a
+  loop that prints until its time limit grew the grading process by about 2.5 GB in 20 s, for every
+  worker grading such a notebook at once; errors and the checks' values are always kept;
 - the outcome (status, reason, seconds) goes into the resources, for ``verdicts.RecordOutcome``
   to write once the verdicts are in.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
 
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Enum, Integer, List, Unicode
+
+from alibi_ref.course.checks import MIME as CHECK_MIME
 
 from .compile_cache import lend
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
@@ -54,6 +61,13 @@ class SandboxedExecute(Execute):
                                          "each kernel; none: the hidden seeds alone").tag(config=True)
     preload = List(Unicode(), help="Modules the zygote imports before forking kernels: the course's heavy imports "
                                    "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
+    output_limit = Integer(2 * 2**20, help="Bytes of output a cell keeps (text, and images as they came); the rest "
+                                           "is left out as it arrives, with a note. 0: no limit").tag(config=True)
+    kept_whole = List(Unicode(), [CHECK_MIME], help="MIME types of the values a course's checks hand back: "
+                                                   "kept up to check_output_limit, since a verdict reads them"
+                      ).tag(config=True)
+    check_output_limit = Integer(64 * 2**20, help="Bytes of kept_whole outputs a cell keeps (the course's "
+                                                  "largest check hands back 0.4 MB)").tag(config=True)
 
     def create_kernel_manager(self):
         secret = Path(self.hidden_cases_key).read_text().strip() if self.hidden_cases_key else ""
@@ -78,6 +92,7 @@ class SandboxedExecute(Execute):
         status, reason, stopped_at = "graded", "", None
         NotebookClient.__init__(self, nb, None)
         self.reset_execution_trackers()
+        self._output_bytes, self._left_out = {}, {}
         self._check_assign_resources(resources)
         try:
             status, reason, stopped_at = self._run_cells(resources, start + self.notebook_timeout)
@@ -137,6 +152,68 @@ class SandboxedExecute(Execute):
         finally:
             self.timeout = per_cell
         return "graded", "", None
+
+    def output(self, outs, msg, display_id, cell_index):
+        """nbclient's output handling, with a budget of bytes per cell: what is past it is left out as it
+        arrives (nbgrader's LimitOutput trims long text only after the whole notebook ran, and not a long
+        line or an image), and one note per stream says how much. Errors are always kept (they decide a
+        test cell), and so are the checks' values up to their own larger budget."""
+        content, kind = msg.get("content", {}), msg.get("msg_type")
+        if kind == "error" or not self.output_limit:
+            return super().output(outs, msg, display_id, cell_index)
+        data = content.get("data") or {}
+        checked = any(mime in data for mime in self.kept_whole)
+        size = len(content.get("text", "")) + sum(len(v) if isinstance(v, str) else len(json.dumps(v))
+                                                  for v in data.values())
+        limit = self.check_output_limit if checked else self.output_limit
+        used = self._output_bytes.get((cell_index, checked), 0)
+        self._output_bytes[cell_index, checked] = used + size
+        if used + size <= limit:
+            return super().output(outs, msg, display_id, cell_index)
+        name = content.get("name") if kind == "stream" else "stdout"
+        left_out = self._left_out.setdefault((cell_index, name), [0, None])
+        left_out[0] += size
+        if kind == "stream" and used < limit:  # a stream's text up to the limit is kept: one print can be MBs
+            kept = content["text"][:limit - used]
+            left_out[0] -= len(kept)
+            super().output(outs, {**msg, "content": {**content, "text": kept}}, display_id, cell_index)
+        # the rest: one note per stream (stderr's own, so a cell whose stderr fails it still fails)
+        note, at = left_out[1] or (None, 0)
+        if not (at < len(outs) and outs[at] is note):  # none yet, or the cell was cleared since
+            note, at = NotebookNode(output_type="stream", name=name, text=""), len(outs)
+            outs.append(note)
+            left_out[1] = note, at
+        note.text = (f"[grading left out {left_out[0] / 2**20:,.1f} MiB of this cell's output past its first "
+                     f"{limit / 2**20:g} MiB]\n")
+        return None
+
+    def preprocess_cell(self, cell, resources, index):
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            self._notes_first(cell, index)
+
+    def _notes_first(self, cell, index: int) -> None:
+        """The cell's notes of what was left out go before its outputs once it ran: nbgrader's LimitOutput
+        then keeps the first 1000 lines, the notes among them. Display ids that later cells may update
+        follow their outputs to their new places."""
+        notes = [entry[1][0] for (at, _), entry in self._left_out.items() if at == index and entry[1]]
+        if not notes:
+            return
+        order = sorted(range(len(cell.outputs)), key=lambda n: not any(cell.outputs[n] is note for note in notes))
+        if order == sorted(order):
+            return
+        moved = {old: new for new, old in enumerate(order)}
+        cell.outputs = [cell.outputs[n] for n in order]
+        for places in self._display_id_map.values():
+            if index in places:
+                places[index] = [moved.get(n, n) for n in places[index]]
+
+    def clear_output(self, outs, msg, cell_index):
+        """A cleared cell starts its budget again: a progress display that redraws itself keeps its last."""
+        for checked in (False, True):
+            self._output_bytes.pop((cell_index, checked), None)
+        return super().clear_output(outs, msg, cell_index)
 
     def _watch_for_exit(self, cell, cell_index, execute_reply) -> None:
         """A cell that called exit() says so in its reply; the kernel then stops 0.1 s later, which would

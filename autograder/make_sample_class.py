@@ -83,9 +83,10 @@ def students() -> dict[str, dict[str, object]]:
     # ends its kernel half-way (exit() in alibi_head): the cells up to the first call keep their points
     s["hal"] = {"02_worked_example": filled("02_worked_example", {"alibi_head": [
         ("    N, d_k = Qh.shape\n", "    N, d_k = Qh.shape\n    exit()\n")]})}
-    # an infinite loop: interrupted at the cell limit
+    # an infinite loop that prints as it goes: interrupted at the cell limit, its output cut at the cell's
+    # budget as it arrives (before, about 150 MB a second piled up in the grading process)
     s["ivy"] = {"05_schedules": filled("05_schedules", {"schedules": [
-        ('    h = np.arange(1, n_heads + 1)\n', '    while True:\n        pass\n')]})}
+        ('    h = np.arange(1, n_heads + 1)\n', '    while True:\n        print("still looking for", n_heads)\n')]})}
     # a loop that swallows the interrupt: stopped at the notebook limit
     s["jay"] = {"03_slope_zero": filled("03_slope_zero", {"standard_attention": [
         ("    d_k, d_v =", "    while True:\n        try:\n            pass\n        except KeyboardInterrupt:\n"

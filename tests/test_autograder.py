@@ -96,6 +96,10 @@ def test_reasons_say_what_happened(graded_sample_class):
     limits = "ran past its time limit and was interrupted (limits: 10 s per cell, 30 s for the whole notebook)"
     assert reasons["ivy", "05_schedules"] == f"cell 4 {limits}"
     assert reasons["jay", "03_slope_zero"] == f"cell 5 {limits}"
+    # ivy's loop prints as it goes: what it printed past the cell's budget is left out, and the page says so
+    page = (out / "feedback" / "ivy" / "05_schedules.html").read_text()
+    assert "[grading left out" in page and "MiB of this cell's output past its first 2 MiB]" in page
+    assert "... Output truncated ..." in page  # nbgrader's LimitOutput then keeps each cell's first 1000 lines
 
 
 @needs_bwrap
@@ -459,6 +463,46 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     cleaned = nbformat.reads(submission.notebooks["02_worked_example"].decode(), as_version=4)
     assert all(c.metadata.get("nbgrader", {}).get("grade_id") != "bonus" for c in cleaned.cells)
     assert "bonus" in submission.notes["02_worked_example"]
+
+
+@needs_bwrap
+def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors_and_check_values():
+    """Output past a cell's budget is left out as it arrives, with a note (a loop printing until its time
+    limit grew the grading process by about 150 MB a second before); an error, a stream of stderr (which
+    fails an nbgrader test cell) and the values a check hands back are never lost that way."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    from alibi_ref.course.checks import MIME
+    from autograder.execute import SandboxedExecute
+
+    cells = {
+        "many prints": "for _ in range(30_000):\n    print('x' * 999)",
+        "one long line, then stderr": "import sys\nprint('y' * 5_000_000)\nprint('late', file=sys.stderr)",
+        "an error after": "print('z' * 3_000_000)\nraise ValueError('kept')",
+        "check values after": f"from IPython.display import display\nprint('w' * 3_000_000)\n"
+                              f"display({{{MIME!r}: {{'exercise': 'e', 'pad': 'v' * 3_000_000}}}}, raw=True)",
+        "redrawn": "from IPython.display import clear_output\nfor k in range(3):\n    clear_output(wait=True)\n"
+                   "    print(str(k) * 1_500_000)",
+    }
+    nb = new_notebook(cells=[new_code_cell(code) for code in cells.values()] + [new_markdown_cell("no outputs")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    run = SandboxedExecute(fork_kernels=False, timeout=60)
+    nb, _ = run.preprocess(nb, {"metadata": {"path": "."}})
+    outputs = dict(zip(cells, (cell.outputs for cell in nb.cells[:-1]), strict=True))
+
+    def kept(name, stream="stdout"):
+        return "".join(o.text for o in outputs[name] if o.output_type == "stream" and o.name == stream)
+
+    limit = run.output_limit
+    note = "[grading left out 26.6 MiB of this cell's output past its first 2 MiB]\n"
+    assert outputs["many prints"][0].text == note, "the note goes first: nbgrader keeps a cell's first 1000 lines"
+    assert len(kept("many prints")) == limit + len(note) and kept("many prints")[len(note):].startswith("x" * 999)
+    assert "y" * (limit - 1) in kept("one long line, then stderr")
+    assert "left out" in kept("one long line, then stderr", "stderr")  # still a stderr output: still fails
+    assert [o.evalue for o in outputs["an error after"] if o.output_type == "error"] == ["kept"]
+    values = [o.data[MIME] for o in outputs["check values after"] if o.output_type == "display_data"]
+    assert len(values) == 1 and len(values[0]["pad"]) == 3_000_000
+    assert kept("redrawn") == "2" * 1_500_000 + "\n"  # each redraw starts the budget again
 
 
 def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
