@@ -47,6 +47,13 @@ class KernelExited(Exception):
 class SandboxedExecute(Execute):
     notebook_timeout = Integer(120, help="Seconds for the whole notebook, all cells together").tag(config=True)
     memory_limit = Integer(3 * 2**30, help="Bytes of address space for the kernel").tag(config=True)
+    iopub_timeout = Integer(30, help="Seconds to wait, once a cell has replied, for the rest of its output: a loop "
+                                     "that printed until it was interrupted leaves a backlog to read (nbclient "
+                                     "waits 4 s, and a loaded grader took longer)").tag(config=True)
+    tmp_limit = Integer(SandboxPolicy.tmp_bytes, help="Bytes each of the sandbox's /tmp and /dev/shm holds (memory "
+                                                      "outside memory_limit)").tag(config=True)
+    file_limit = Integer(SandboxPolicy.file_bytes, help="Bytes any one file the kernel writes may hold"
+                         ).tag(config=True)
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
     fork_kernels = Bool(True, help="Fork each notebook's kernel from a zygote in the student's sandbox, which "
                                    "imports `preload` once per student (zygote.py)").tag(config=True)
@@ -77,8 +84,8 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb, resources, km=None):
         findings = screen_notebook(nb)
-        self._policy = SandboxPolicy(memory_bytes=self.memory_limit,
-                                     use_bwrap=self.use_bwrap)
+        self._policy = SandboxPolicy(memory_bytes=self.memory_limit, use_bwrap=self.use_bwrap,
+                                     tmp_bytes=self.tmp_limit, file_bytes=self.file_limit)
         self._zygote = self._student_zygote(resources)
         self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
@@ -143,7 +150,9 @@ class SandboxedExecute(Execute):
         except KernelExited:
             return ("crashed", f"the code in cell {index} ended the kernel (exit() or quit()); the cells after it "
                     "were not run", index + 1)
-        except (DeadKernelError, CellTimeoutError, RuntimeError) as err:
+        except CellTimeoutError:  # nbclient's wait for the output of an interrupted cell ran out
+            return "timeout", f"cell {index}'s output went on past its interruption", index
+        except (DeadKernelError, RuntimeError) as err:
             limit = self.memory_limit / 2**30
             log = (self._scratch / "kernel.log").read_text(errors="replace").strip().splitlines()
             last = f"; its last words: {log[-1][:200]}" if log else ""

@@ -7,7 +7,10 @@ else of the machine exists inside: not the course with its solutions and hidden 
 the gradebook, not the grading output, not any other submission, wherever they lie. One
 scratch folder per notebook is bound writable; the kernel runs there. It has its own network
 namespace (no network) and PID namespace (no process it starts outlives it), and its memory
-is capped with RLIMIT_AS (prlimit).
+is capped with RLIMIT_AS (prlimit). What it may write is bounded too: its /tmp and /dev/shm
+are tmpfs of a fixed size (tmpfs pages are memory that RLIMIT_AS does not count: unbounded,
+writing a file there took the machine's memory), the rest of /dev is read-only, and no file
+it writes may grow past RLIMIT_FSIZE (the scratch folder lies on the grader's own disk).
 
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
@@ -51,6 +54,8 @@ class SandboxPolicy:
 
     memory_bytes: int = 3 * 2**30
     use_bwrap: bool = True
+    tmp_bytes: int = 512 * 2**20  # the size of each of its tmpfs, /tmp and /dev/shm
+    file_bytes: int = 2**30  # the most any one file it writes may hold
 
 
 # a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
@@ -125,15 +130,18 @@ def _python_roots() -> list[str]:
 
 def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
     """The command that goes in front of the kernel's own command."""
-    limit = ["prlimit", f"--as={policy.memory_bytes}", "--"] if shutil.which("prlimit") else []
+    limit = (["prlimit", f"--as={policy.memory_bytes}", f"--fsize={policy.file_bytes}", "--"]
+             if shutil.which("prlimit") else [])
     if not policy.use_bwrap or bwrap_problem():
         return limit
-    cmd = ["bwrap", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
+    tmpfs = ["--size", str(policy.tmp_bytes), "--tmpfs"]
+    cmd = ["bwrap", "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
+           "--dir", "/var/tmp"]
     for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len)):
         if os.path.lexists(path):
             cmd += ["--ro-bind", path, path]
     cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch),
-            "--unshare-all", "--die-with-parent", "--new-session", "--remount-ro", "/", "--"]
+            "--unshare-all", "--die-with-parent", "--new-session", "--remount-ro", "/", "--remount-ro", "/dev", "--"]
     return cmd + limit
 
 

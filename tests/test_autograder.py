@@ -232,12 +232,20 @@ def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path, forked):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    policy = SandboxPolicy(memory_bytes=2 * 2**30)
+    policy = SandboxPolicy(memory_bytes=2 * 2**30, tmp_bytes=32 * 2**20, file_bytes=64 * 2**20)
     zygote = Zygote(policy, ["numpy"]) if forked else None
     scratch = zygote.scratch() if forked else tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     code = f"""
 import os, socket, subprocess
+def fill(path, mib):  # tmpfs is memory RLIMIT_AS does not count; the scratch folder is the grader's disk
+    try:
+        with open(path, "wb") as f:
+            for _ in range(mib):
+                f.write(bytes(2**20))
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
 def attempt(name, fn):
     try:
         fn()
@@ -251,6 +259,11 @@ attempt("repo", lambda: open({str(ROOT / 'solutions' / 'alibi' / '01_slopes_and_
 attempt("network", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2))
 attempt("memory", lambda: bytearray(4 * 2**30))
 attempt("shadow", lambda: open("/etc/shadow").read())
+attempt("fill tmp", lambda: fill("/tmp/big", 40))
+attempt("fill shm", lambda: fill("/dev/shm/big", 40))
+attempt("fill dev", lambda: fill("/dev/big", 1))
+attempt("fill scratch", lambda: fill("big", 80))
+attempt("small files", lambda: [fill(f, 16) for f in ("/tmp/small", "/dev/shm/small", "small")])
 home = {os.path.expanduser("~")!r}
 print("home holds", sorted(os.listdir(home)) if os.path.isdir(home) else [])
 open("scratch_ok.txt", "w").write("fine")
@@ -264,8 +277,10 @@ print("spawned")
         if zygote is not None:  # the student's last notebook is done: the sandbox ends, and what it started
             zygote.close()
     listener.close()
-    for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow"):
+    for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow", "fill tmp", "fill shm",
+                 "fill dev", "fill scratch"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
+    assert "small files ALLOWED" in printed, printed
     assert "scratch written" in printed and "spawned" in printed
     # only the folders on the way to the Python installation, if it lives there, nothing else of $HOME
     home_line = next(line for line in printed.splitlines() if line.startswith("home holds"))
