@@ -520,6 +520,24 @@ def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors
     assert kept("redrawn") == "2" * 1_500_000 + "\n"  # each redraw starts the budget again
 
 
+@needs_bwrap
+def test_output_that_outlasts_an_interrupted_cell_is_a_timeout_not_a_crash():
+    """A loop that printed until interrupted leaves output to read after the cell's reply; where it outlasts
+    the wait for it (iopub_timeout 0 here; a loaded Dask worker ran past nbclient's 4 s), the notebook timed
+    out at that cell, and says so: before, it was 'the kernel died ... ran out of memory'."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import SandboxedExecute
+
+    nb = new_notebook(cells=[new_code_cell("while True:\n    print('again')"), new_code_cell("x = 1")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb, resources = SandboxedExecute(fork_kernels=False, timeout=2, iopub_timeout=0).preprocess(
+        nb, {"metadata": {"path": "."}})
+    outcome = resources["autograder_outcome"]
+    assert outcome["status"] == "timeout" and outcome["reason"].startswith("cell 0 ran past its time limit"), outcome
+    assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
+
+
 def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
     subs = tmp_path / "subs" / "solo"
     subs.mkdir(parents=True)
