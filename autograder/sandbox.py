@@ -106,6 +106,10 @@ def bwrap_problem() -> str | None:
                            capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         return f"bwrap cannot create namespaces here: {probe.stderr.strip() or probe.returncode}"
+    sized = subprocess.run([path, "--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp", "true"],
+                           capture_output=True, text=True, check=False)
+    if sized.returncode != 0:  # --size came with bubblewrap 0.5
+        return f"this bwrap cannot bound a tmpfs's size (bubblewrap 0.5 or later can): {sized.stderr.strip()}"
     return None
 
 
