@@ -54,6 +54,10 @@ class SandboxedExecute(Execute):
                                                       "outside memory_limit)").tag(config=True)
     file_limit = Integer(SandboxPolicy.file_bytes, help="Bytes any one file the kernel writes may hold"
                          ).tag(config=True)
+    disk_limit = Integer(SandboxPolicy.disk_bytes, help="Bytes the kernel's folder may hold, all files together "
+                                                        "(looked at about once a second)").tag(config=True)
+    disk_files = Integer(SandboxPolicy.disk_files, help="Files and folders the kernel's folder may hold"
+                         ).tag(config=True)
     use_bwrap = Bool(True, help="Sandbox the kernel with bubblewrap").tag(config=True)
     fork_kernels = Bool(True, help="Fork each notebook's kernel from a zygote in the student's sandbox, which "
                                    "imports `preload` once per student (zygote.py)").tag(config=True)
@@ -78,14 +82,15 @@ class SandboxedExecute(Execute):
 
     def create_kernel_manager(self):
         secret = Path(self.hidden_cases_key).read_text().strip() if self.hidden_cases_key else ""
-        self.km = SandboxedKernelManager(policy=self._policy, scratch=self._scratch, zygote=self._zygote,
-                                         secret=secret)
+        self.km = self._sandboxed = SandboxedKernelManager(policy=self._policy, scratch=self._scratch,
+                                                           zygote=self._zygote, secret=secret)
         return self.km
 
     def preprocess(self, nb, resources, km=None):
         findings = screen_notebook(nb)
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit, use_bwrap=self.use_bwrap,
-                                     tmp_bytes=self.tmp_limit, file_bytes=self.file_limit)
+                                     tmp_bytes=self.tmp_limit, file_bytes=self.file_limit,
+                                     disk_bytes=self.disk_limit, disk_files=self.disk_files)
         self._zygote = self._student_zygote(resources)
         self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
@@ -99,7 +104,7 @@ class SandboxedExecute(Execute):
         status, reason, stopped_at = "graded", "", None
         NotebookClient.__init__(self, nb, None)
         self.reset_execution_trackers()
-        self._output_bytes, self._left_out = {}, {}
+        self._output_bytes, self._left_out, self._sandboxed = {}, {}, None
         self._check_assign_resources(resources)
         try:
             status, reason, stopped_at = self._run_cells(resources, start + self.notebook_timeout)
@@ -153,6 +158,9 @@ class SandboxedExecute(Execute):
         except CellTimeoutError:  # nbclient's wait for the output of an interrupted cell ran out
             return "timeout", f"cell {index}'s output went on past its interruption", index
         except (DeadKernelError, RuntimeError) as err:
+            stopped_for = getattr(self._sandboxed, "stopped_for", None)  # nbclient has let go of self.km
+            if stopped_for:  # the sandbox's bounds on what it writes
+                return "crashed", f"the kernel was stopped in cell {index}: {stopped_for}", index
             limit = self.memory_limit / 2**30
             log = (self._scratch / "kernel.log").read_text(errors="replace").strip().splitlines()
             last = f"; its last words: {log[-1][:200]}" if log else ""

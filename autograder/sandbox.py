@@ -9,8 +9,9 @@ scratch folder per notebook is bound writable; the kernel runs there. It has its
 namespace (no network) and PID namespace (no process it starts outlives it), and its memory
 is capped with RLIMIT_AS (prlimit). What it may write is bounded too: its /tmp and /dev/shm
 are tmpfs of a fixed size (tmpfs pages are memory that RLIMIT_AS does not count: unbounded,
-writing a file there took the machine's memory), the rest of /dev is read-only, and no file
-it writes may grow past RLIMIT_FSIZE (the scratch folder lies on the grader's own disk).
+writing a file there took the machine's memory), the rest of /dev is read-only, no file it
+writes may grow past RLIMIT_FSIZE, and its scratch folder (on the grader's own disk) is looked
+at while a cell runs: past its size or file count the kernel is stopped.
 
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
@@ -56,6 +57,8 @@ class SandboxPolicy:
     use_bwrap: bool = True
     tmp_bytes: int = 512 * 2**20  # the size of each of its tmpfs, /tmp and /dev/shm
     file_bytes: int = 2**30  # the most any one file it writes may hold
+    disk_bytes: int = 2 * 2**30  # the most its scratch folder may hold, all files together, looked at each second
+    disk_files: int = 100_000  # and the most files and folders in it
 
 
 # a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
@@ -149,6 +152,29 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
     return cmd + limit
 
 
+def over_bounds(folder: Path, policy: SandboxPolicy) -> str | None:
+    """Why ``folder`` holds more than the policy allows (bytes on disk, or files and folders), or None."""
+    size, count, todo = 0, 0, [folder]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:  # removed while being looked at
+            continue
+        for entry in entries:
+            count += 1
+            if count > policy.disk_files:
+                return f"it made more than {policy.disk_files:,} files and folders in its folder"
+            try:
+                size += entry.stat(follow_symlinks=False).st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+            except OSError:
+                continue
+            if size > policy.disk_bytes:
+                return f"it wrote more than {policy.disk_bytes / 2**20:,.0f} MiB into its folder"
+    return None
+
+
 class SandboxedKernelClient(AsyncKernelClient):
     """jupyter_client's client, ready as soon as the kernel answers on both channels."""
 
@@ -213,6 +239,22 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         return sandbox_prefix(self.policy, self.scratch) + super().format_kernel_cmd(extra_arguments)
+
+    async def _async_is_alive(self) -> bool:
+        """Alive, and within its folder's bounds: the scratch folder lies on the grader's disk, where the
+        size cap of each file does not bound how many it writes. nbclient asks about once a second while a
+        cell runs; a kernel past the bounds is killed then, and ``stopped_for`` says why."""
+        if not await super()._async_is_alive():
+            return False
+        folder = self.zygote.root if self.zygote is not None else self.scratch
+        why = over_bounds(folder, self.policy)
+        if why is None:
+            return True
+        self.stopped_for = why
+        await self._async_kill_kernel()
+        return False
+
+    is_alive = _async_is_alive  # what AsyncKernelManager and the client call by this name
 
     async def _async_wait(self, pollinterval: float = 0.01) -> None:
         # jupyter_client looks every 0.1 s whether the kernel has ended; a killed one ends within milliseconds

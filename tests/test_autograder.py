@@ -538,6 +538,27 @@ def test_output_that_outlasts_an_interrupted_cell_is_a_timeout_not_a_crash():
     assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
 
 
+@pytest.mark.parametrize("writes, limits, reason", [
+    ("for n in range(1000):\n    with open(f'part{n}', 'wb') as f:\n        f.write(bytes(2**20))",
+     {"disk_limit": 64 * 2**20}, "it wrote more than 64 MiB into its folder"),
+    ("os.makedirs('d')\nfor n in range(10**6):\n    open(f'd/{n}', 'w').close()",
+     {"disk_files": 50}, "it made more than 50 files and folders in its folder"),
+], ids=["bytes", "files"])
+def test_a_kernel_that_fills_its_folder_is_stopped_and_told_why(writes, limits, reason):
+    """The scratch folder lies on the grader's disk, and files each under the size cap were written
+    without end before: the kernel is stopped once its folder holds more than its bounds."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import SandboxedExecute
+
+    nb = new_notebook(cells=[new_code_cell("import os\n" + writes), new_code_cell("x = 1")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb, resources = SandboxedExecute(fork_kernels=False, timeout=30, **limits).preprocess(
+        nb, {"metadata": {"path": "."}})
+    assert resources["autograder_outcome"]["reason"] == f"the kernel was stopped in cell 0: {reason}"
+    assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
+
+
 def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
     subs = tmp_path / "subs" / "solo"
     subs.mkdir(parents=True)
