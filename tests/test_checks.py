@@ -413,14 +413,14 @@ def test_torch_answers_in_every_form_honest_code_returns_a_tensor_earn_the_point
             kwargs = {k: checks._to_torch(v, device, case.input_dtype) for k, v in case.kwargs.items()}
             values[_tensor_key(args, kwargs)] = (case, None if case.raises else as_tensor(case, expected, args))
         for form, returned in TENSOR_FORMS.items():
-            def honest(*args, values=values, returned=returned, form=form, **kwargs):
+            def honest(*args, values=values, returned=returned, **kwargs):
                 case, tensor = values[_tensor_key(args, kwargs)]
                 if case.raises:
                     raise ValueError("x's features do not match qkv_features")
                 for x in [*args, *kwargs.values()]:
                     if isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_meta:
                         x.mul_(0.5)
-                return tensor if case.pick is not None and form.startswith("a list") else returned(tensor)
+                return returned(tensor)
 
             v = verdict(name, honest, seed)
             assert v.passed, (form, seed, v.message)

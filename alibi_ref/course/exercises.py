@@ -508,7 +508,8 @@ exercise(Exercise(
              atol=1e-7),
         Case("alibi_bias_torch(<bfloat16 slope 0.5>, 1, 1000)[0, 0, -3:]: next to the diagonal at length 1000",
              (np.array([0.5]), 1, 1000), input_dtype="bfloat16", dtype="bfloat16", exact=True, atol=0.0,
-             expected=np.array([-1.0, -0.5, 0.0]), pick=lambda b: b[0, 0, -3:]),
+             # b[0] first: the first head, of a tensor or of a list of per-head tensors alike
+             expected=np.array([-1.0, -0.5, 0.0]), pick=lambda b: b[0][0, -3:]),
     ],
     hidden=lambda rng: [
         *(Case(f"alibi_bias_torch(<{len(s)} slopes>, {q}, {k}, causal={c})", (s, q, k), {"causal": c}, atol=1e-12)
