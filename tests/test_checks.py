@@ -426,6 +426,26 @@ def test_torch_answers_in_every_form_honest_code_returns_a_tensor_earn_the_point
             assert v.passed, (form, seed, v.message)
 
 
+@pytest.mark.parametrize("name", sorted(name for name, ex in EXERCISES.items() if ex.jax_inputs and not ex.adapter))
+def test_flax_answers_as_a_jax_array_a_numpy_array_or_a_list_earn_the_points(name):
+    """The Flax layers' outputs (float32, flattened), handed back as the layer gives them (a JAX array),
+    through np.asarray, or as a list: each passes, visible and hidden."""
+    import jax.numpy as jnp
+
+    forms = {"a JAX array": jnp.asarray, "a NumPy array": np.asarray, "a list": lambda v: np.asarray(v).tolist()}
+    for seed in (None, 5):
+        values = {_inputs_key(tuple(np.asarray(checks._to_jax(a, c.input_dtype)) if hasattr(a, "shape") else a
+                                    for a in c.args), {}): np.asarray(expected, np.float32)
+                  for c, expected in zip(checks.cases(name, seed), checks.expected_values(name, seed), strict=True)}
+        for form, returned in forms.items():
+            def honest(*args, values=values, returned=returned):
+                return returned(values[_inputs_key(tuple(np.asarray(a) if hasattr(a, "shape") else a
+                                                         for a in args), {})])
+
+            v = verdict(name, honest, seed)
+            assert v.passed, (form, seed, v.message)
+
+
 def test_numbers_handed_back_as_lists_are_the_array_they_make():
     # nested lists (a bias built with loops), a list of numpy scalars, a list of per-head arrays: as
     # np.asarray reads them; a ragged list is named as what it is
