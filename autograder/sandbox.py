@@ -105,14 +105,12 @@ def bwrap_problem() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap`"
-    probe = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-                           capture_output=True, text=True, check=False)
+    # what the sandbox needs of it: namespaces, and a tmpfs of a bounded size (--size, bubblewrap 0.5 or later)
+    probe = subprocess.run([path, "--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp", "--unshare-all",
+                            "--die-with-parent", "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        return f"bwrap cannot create namespaces here: {probe.stderr.strip() or probe.returncode}"
-    sized = subprocess.run([path, "--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp", "true"],
-                           capture_output=True, text=True, check=False)
-    if sized.returncode != 0:  # --size came with bubblewrap 0.5
-        return f"this bwrap cannot bound a tmpfs's size (bubblewrap 0.5 or later can): {sized.stderr.strip()}"
+        return ("bwrap cannot sandbox here (it needs namespaces, and bubblewrap 0.5 or later to bound a tmpfs): "
+                f"{probe.stderr.strip() or probe.returncode}")
     return None
 
 
