@@ -314,8 +314,13 @@ def test_an_answer_that_changes_its_inputs_in_place_changes_no_other_case():
 
 
 def _inputs_key(args, kwargs) -> str:
-    """The inputs of a call as text: arrays by their values, so a copy of the case's array finds its entry."""
+    """The inputs of a call as text: arrays, tensors and JAX arrays by their values (a meta tensor by its
+    shape), so a copy of the case's array finds its entry."""
     def text(x):
+        if isinstance(x, torch.Tensor):
+            return f"meta{tuple(x.shape)}" if x.is_meta else text(x.detach().double().numpy())
+        if "jax" in sys.modules and isinstance(x, sys.modules["jax"].Array):
+            return text(np.asarray(x))
         if isinstance(x, np.ndarray):
             return f"array{x.shape}{x.astype(float).tobytes().hex() if x.dtype.kind in 'fiub' else repr(x)}"
         if isinstance(x, (list, tuple)):
@@ -364,16 +369,6 @@ def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_p
             assert v.passed, (form, seed, v.message)
 
 
-def _tensor_key(args, kwargs) -> str:
-    """The inputs of a call as text, tensors by dtype, device and values (a meta tensor by its shape alone)."""
-    def text(x):
-        if isinstance(x, torch.Tensor):
-            values = "" if x.is_meta else x.detach().double().numpy().tobytes().hex()
-            return f"tensor{tuple(x.shape)}{x.dtype}{x.device}{values}"
-        return _inputs_key((x,), {})
-    return ",".join(map(text, args)) + "|" + ",".join(f"{k}={text(v)}" for k, v in sorted(kwargs.items()))
-
-
 TENSOR_FORMS = {  # what honest torch code hands back: none of it changes the values
     "as is": lambda t: t,
     "non-contiguous (a transpose's view)": lambda t: t.mT.contiguous().mT if t.ndim >= 2 else t,
@@ -411,10 +406,10 @@ def test_torch_answers_in_every_form_honest_code_returns_a_tensor_earn_the_point
             device = case.device or "cpu"
             args = tuple(checks._to_torch(a, device, case.input_dtype) for a in case.args)
             kwargs = {k: checks._to_torch(v, device, case.input_dtype) for k, v in case.kwargs.items()}
-            values[_tensor_key(args, kwargs)] = (case, None if case.raises else as_tensor(case, expected, args))
+            values[_inputs_key(args, kwargs)] = (case, None if case.raises else as_tensor(case, expected, args))
         for form, returned in TENSOR_FORMS.items():
             def honest(*args, values=values, returned=returned, **kwargs):
-                case, tensor = values[_tensor_key(args, kwargs)]
+                case, tensor = values[_inputs_key(args, kwargs)]
                 if case.raises:
                     raise ValueError("x's features do not match qkv_features")
                 for x in [*args, *kwargs.values()]:
@@ -434,13 +429,13 @@ def test_flax_answers_as_a_jax_array_a_numpy_array_or_a_list_earn_the_points(nam
 
     forms = {"a JAX array": jnp.asarray, "a NumPy array": np.asarray, "a list": lambda v: np.asarray(v).tolist()}
     for seed in (None, 5):
-        values = {_inputs_key(tuple(np.asarray(checks._to_jax(a, c.input_dtype)) if hasattr(a, "shape") else a
-                                    for a in c.args), {}): np.asarray(expected, np.float32)
-                  for c, expected in zip(checks.cases(name, seed), checks.expected_values(name, seed), strict=True)}
+        values = {}
+        for case, expected in zip(checks.cases(name, seed), checks.expected_values(name, seed), strict=True):
+            jax_args = tuple(checks._to_jax(a, case.input_dtype) for a in case.args)
+            values[_inputs_key(jax_args, {})] = np.asarray(expected, np.float32)
         for form, returned in forms.items():
             def honest(*args, values=values, returned=returned):
-                return returned(values[_inputs_key(tuple(np.asarray(a) if hasattr(a, "shape") else a
-                                                         for a in args), {})])
+                return returned(values[_inputs_key(args, {})])
 
             v = verdict(name, honest, seed)
             assert v.passed, (form, seed, v.message)
