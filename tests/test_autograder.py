@@ -480,12 +480,24 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     assert "bonus" in submission.notes["02_worked_example"]
 
 
+def _executed(cells, **settings):
+    """``cells`` (code, or a nbformat cell) run by the grader's execution step without a zygote: the
+    executed notebook and its resources, which carry the outcome."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import SandboxedExecute
+
+    nb = new_notebook(cells=[new_code_cell(c) if isinstance(c, str) else c for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return SandboxedExecute(fork_kernels=False, **settings).preprocess(nb, {"metadata": {"path": "."}})
+
+
 @needs_bwrap
 def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors_and_check_values():
     """Output past a cell's budget is left out as it arrives, with a note (a loop printing until its time
     limit grew the grading process by about 150 MB a second before); an error, a stream of stderr (which
     fails an nbgrader test cell) and the values a check hands back are never lost that way."""
-    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    from nbformat.v4 import new_markdown_cell
 
     from alibi_ref.course.checks import MIME
     from autograder.execute import SandboxedExecute
@@ -499,16 +511,13 @@ def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors
         "redrawn": "from IPython.display import clear_output\nfor k in range(3):\n    clear_output(wait=True)\n"
                    "    print(str(k) * 1_500_000)",
     }
-    nb = new_notebook(cells=[new_code_cell(code) for code in cells.values()] + [new_markdown_cell("no outputs")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    run = SandboxedExecute(fork_kernels=False, timeout=60)
-    nb, _ = run.preprocess(nb, {"metadata": {"path": "."}})
+    nb, _ = _executed([*cells.values(), new_markdown_cell("no outputs")], timeout=60)
     outputs = dict(zip(cells, (cell.outputs for cell in nb.cells[:-1]), strict=True))
 
     def kept(name, stream="stdout"):
         return "".join(o.text for o in outputs[name] if o.output_type == "stream" and o.name == stream)
 
-    limit = run.output_limit
+    limit = SandboxedExecute.output_limit.default_value
     note = "[grading left out 26.6 MiB of this cell's output past its first 2 MiB]\n"
     assert outputs["many prints"][0].text == note, "the note goes first: nbgrader keeps a cell's first 1000 lines"
     assert len(kept("many prints")) == limit + len(note) and kept("many prints")[len(note):].startswith("x" * 999)
@@ -525,14 +534,7 @@ def test_output_that_outlasts_an_interrupted_cell_is_a_timeout_not_a_crash():
     """A loop that printed until interrupted leaves output to read after the cell's reply; where it outlasts
     the wait for it (iopub_timeout 0 here; a loaded Dask worker ran past nbclient's 4 s), the notebook timed
     out at that cell, and says so: before, it was 'the kernel died ... ran out of memory'."""
-    from nbformat.v4 import new_code_cell, new_notebook
-
-    from autograder.execute import SandboxedExecute
-
-    nb = new_notebook(cells=[new_code_cell("while True:\n    print('again')"), new_code_cell("x = 1")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb, resources = SandboxedExecute(fork_kernels=False, timeout=2, iopub_timeout=0).preprocess(
-        nb, {"metadata": {"path": "."}})
+    nb, resources = _executed(["while True:\n    print('again')", "x = 1"], timeout=2, iopub_timeout=0)
     outcome = resources["autograder_outcome"]
     assert outcome["status"] == "timeout" and outcome["reason"].startswith("cell 0 ran past its time limit"), outcome
     assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
@@ -547,14 +549,7 @@ def test_output_that_outlasts_an_interrupted_cell_is_a_timeout_not_a_crash():
 def test_a_kernel_that_fills_its_folder_is_stopped_and_told_why(writes, limits, reason):
     """The scratch folder lies on the grader's disk, and files each under the size cap were written
     without end before: the kernel is stopped once its folder holds more than its bounds."""
-    from nbformat.v4 import new_code_cell, new_notebook
-
-    from autograder.execute import SandboxedExecute
-
-    nb = new_notebook(cells=[new_code_cell("import os\n" + writes), new_code_cell("x = 1")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb, resources = SandboxedExecute(fork_kernels=False, timeout=30, **limits).preprocess(
-        nb, {"metadata": {"path": "."}})
+    nb, resources = _executed(["import os\n" + writes, "x = 1"], timeout=30, **limits)
     assert resources["autograder_outcome"]["reason"] == f"the kernel was stopped in cell 0: {reason}"
     assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
 
