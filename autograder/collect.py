@@ -3,14 +3,27 @@
 Nothing here runs student code. Each notebook is parsed and validated; one that is truncated or
 not JSON is recorded as unreadable instead of reaching nbgrader (which would discard the
 student's whole submission for it). Cells carrying nbgrader metadata that the assignment does
-not have (foreign cells) lose that metadata, so nbgrader grades them as plain cells. Graded or
-locked cells the student deleted are put back from the release, where they stood: nbgrader's
-own ``add_missing_cells`` fails when two neighbours are missing (0.9.6: KeyError), and then
-nbgrader discards the submission. nbgrader restores every such cell's source from its gradebook.
+not have (foreign cells) lose that metadata, so nbgrader grades them as plain cells.
+
+Cells whose nbgrader metadata is gone (an editor that drops it, cells pasted into a new notebook,
+an answer cell deleted and the answer typed into a new one) get it back where the cell can be
+told: by its text for what the student did not write (locked and test cells, a stub left as it
+was), by its place for an answer (the student's cell between the same neighbours, one that
+defines the stub's names, or the written answer). An answer written into a cell of its own beside
+its answer cell, left as released, is graded there: a code stub run after it would replace it, and
+nbgrader gives a written answer left as released 0 points without showing it. Graded or locked
+cells still missing are put back from the release, where they stood: nbgrader's own
+``add_missing_cells`` fails when two neighbours are missing (0.9.6: KeyError), and then nbgrader
+discards the submission. nbgrader restores every such cell's source from its gradebook. An
+answer cell's stub is never put back: it would replace an answer given elsewhere.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import copy
+import difflib
 import hashlib
 import json
 import re
@@ -98,13 +111,134 @@ def _grade_id(cell) -> str | None:
     return cell.metadata.get("nbgrader", {}).get("grade_id")
 
 
+def _meta(nb, grade_id: str) -> dict:
+    return next(c.metadata["nbgrader"] for c in nb.cells if _grade_id(c) == grade_id)
+
+
+def _text(cell) -> tuple[str, str]:
+    """What tells a cell whose metadata is gone: its type and its text, trailing blanks aside."""
+    return cell.cell_type, "\n".join(line.rstrip() for line in cell.source.strip().splitlines())
+
+
+def _parsed(source: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _defined_names(source: str) -> set[str]:
+    """The names a cell binds at its top level: functions, classes, assignments (none if it does not parse)."""
+    names = set()
+    for node in _parsed(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _answer_names(stub: str) -> set[str]:
+    """The names an answer cell is for: what its stub defines, and what it reads without defining (the stub
+    ``raise NotImplementedError()`` then ``print(sat_head1)`` is for ``sat_head1``)."""
+    read = {n.id for n in ast.walk(_parsed(stub)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return _defined_names(stub) | (read - set(dir(builtins)))
+
+
+def _written_by_student(nb, release, cell_type: str, within: range) -> list[int]:
+    """The plain cells of ``cell_type`` in ``within`` that the student wrote: not empty, and not a release
+    cell's text (a question pasted again is nobody's answer)."""
+    texts = {_text(c) for c in release.cells}
+    return [k for k in within if _grade_id(nb.cells[k]) is None and nb.cells[k].cell_type == cell_type
+            and nb.cells[k].source.strip() and _text(nb.cells[k]) not in texts]
+
+
+def _longest(nb, cells: list[int]) -> list[int]:
+    """The written answer among the student's markdown cells: the longest (none if there are none)."""
+    return sorted(cells, key=lambda k: len(nb.cells[k].source.strip()))[-1:]
+
+
+def _give_metadata(cell, released) -> None:
+    cell.metadata["nbgrader"] = copy.deepcopy(released.metadata["nbgrader"])
+    for key in ("deletable", "editable"):
+        if key in released.metadata:
+            cell.metadata[key] = released.metadata[key]
+
+
+def _restore_lost_metadata(nb, release) -> list[str]:
+    """Give the release's nbgrader metadata back to the student's cells that lost it; the grade ids restored.
+
+    The two notebooks are aligned in order (``difflib``), cells with metadata by their grade id and the
+    rest by their text: a plain cell whose text is a lost cell's release text is that cell. A lost answer
+    cell is then looked for between the cells aligned before and after it: for code, the last plain cell
+    there that defines a name its stub is for (``_answer_names``); for a written answer, the longest plain
+    markdown cell."""
+    present = {_grade_id(c) for c in nb.cells} - {None}
+    if not {_grade_id(c) for c in release.cells} - {None} - present:
+        return []
+    released = [("id", _grade_id(c)) if _grade_id(c) in present else ("text", *_text(c)) for c in release.cells]
+    submitted = [("id", _grade_id(c)) if _grade_id(c) else ("text", *_text(c)) for c in nb.cells]
+    at: dict[int, int] = {}  # release cell -> the student's cell it is
+    for a, b, size in difflib.SequenceMatcher(None, released, submitted, autojunk=False).get_matching_blocks():
+        at.update((a + k, b + k) for k in range(size))
+    restored = []
+    for r, s in sorted(at.items()):
+        if released[r][0] == "text" and _grade_id(release.cells[r]) is not None:
+            _give_metadata(nb.cells[s], release.cells[r])
+            restored.append(_grade_id(release.cells[r]))
+    for r, cell in enumerate(release.cells):
+        if r in at or not cell.metadata.get("nbgrader", {}).get("solution") or _grade_id(cell) in present:
+            continue
+        start = max((s for q, s in at.items() if q < r), default=-1)
+        stop = min((s for q, s in at.items() if q > r), default=len(nb.cells))
+        mine = _written_by_student(nb, release, cell.cell_type, range(start + 1, stop))
+        if cell.cell_type == "code":
+            names = _answer_names(cell.source)
+            mine = [s for s in mine if names & _defined_names(nb.cells[s].source)][-1:]
+        for s in mine if cell.cell_type == "code" else _longest(nb, mine):
+            _give_metadata(nb.cells[s], cell)  # given, it is no longer a plain cell: no other answer takes it
+            at[r] = s
+            restored.append(_grade_id(cell))
+    return restored
+
+
+def _answers_beside_stubs(nb, release) -> list[str]:
+    """Answer cells left as released, the answer written into a plain cell beside them: that cell becomes the
+    answer cell and the stub goes. For code, a cell above that defines the stub's names (the stub, run after
+    it, would replace the answer); for a written answer, the longest plain markdown cell between the
+    stub's graded or locked neighbours (nbgrader gives a written answer left as released 0 points, unseen)."""
+    stubs = {_grade_id(c): _text(c) for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    moved = []
+    for n, cell in reversed(list(enumerate(nb.cells))):
+        grade_id = _grade_id(cell)
+        if grade_id not in stubs or _text(cell) != stubs[grade_id]:
+            continue
+        if cell.cell_type == "code":
+            names = _defined_names(cell.source)
+            mine = [k for k in _written_by_student(nb, release, "code", range(n))
+                    if names and names <= _defined_names(nb.cells[k].source)][-1:]
+        else:
+            graded = [k for k, c in enumerate(nb.cells) if _grade_id(c) is not None and k != n]
+            start = max((k for k in graded if k < n), default=-1)
+            stop = min((k for k in graded if k > n), default=len(nb.cells))
+            mine = _longest(nb, _written_by_student(nb, release, "markdown", range(start + 1, stop)))
+        for k in mine:
+            nb.cells[k].metadata["nbgrader"] = cell.metadata["nbgrader"]
+            del nb.cells[n]
+            moved.append(grade_id)
+    return moved
+
+
 def _put_back_deleted(nb, release) -> list[str]:
-    """Insert the release's version of every nbgrader cell missing from ``nb``, after its release neighbour."""
+    """Insert the release's version of every graded or locked cell missing from ``nb``, after its release
+    neighbour. An answer cell's stub is not put back: run after an answer given elsewhere, it would replace it."""
     present = {_grade_id(c) for c in nb.cells} - {None}
     put_back = []
     for n, cell in enumerate(release.cells):
         grade_id = _grade_id(cell)
-        if grade_id is None or grade_id in present:
+        meta = cell.metadata.get("nbgrader", {})
+        if grade_id is None or grade_id in present or (meta.get("solution") and not meta.get("grade")):
             continue
         before = [_grade_id(c) for c in release.cells[:n] if _grade_id(c) in present]
         at = next((k + 1 for k, c in enumerate(nb.cells) if before and _grade_id(c) == before[-1]), 0)
@@ -137,6 +271,15 @@ def _clean(raw: bytes, release) -> tuple[bytes | None, str]:
     notes = []
     if foreign:
         notes.append(f"ignored the grading metadata of cells not in the assignment: {', '.join(foreign)}")
+    restored = _restore_lost_metadata(nb, release)
+    if restored:
+        graded = [g for g in restored if _meta(release, g).get("grade") or _meta(release, g).get("solution")]
+        notes.append(f"gave back the grading metadata {len(restored)} cell(s) had lost"
+                     + (f", the graded and answer cells among them: {', '.join(graded)}" if graded else ""))
+    moved = _answers_beside_stubs(nb, release)
+    if moved:
+        notes.append(f"graded the answer written beside its answer cell, which was left as released: "
+                     f"{', '.join(moved)}")
     put_back = _put_back_deleted(nb, release)
     if put_back:
         notes.append(f"put back deleted cells: {', '.join(put_back)}")

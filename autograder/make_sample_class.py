@@ -154,7 +154,34 @@ def students() -> dict[str, dict[str, object]]:
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
     s["sam"] = {"01_slopes_and_bias": sam, "02_worked_example": filled("02_worked_example")}
+    s["tia"] = answers_in_the_wrong_cells()
     return s
+
+
+def answers_in_the_wrong_cells() -> dict:
+    """Right answers in cells that lost their grading metadata, or beside an answer cell left as released:
+    full marks, and the written answer in front of the instructor (before: 0 points for notebook 01, 3 for
+    02, and the written answer scored 0 without the instructor seeing it)."""
+    # notebook 01 opened in an editor that drops cell metadata: every cell is a plain cell now
+    nb01 = filled("01_slopes_and_bias")
+    for c in nb01.cells:
+        for key in ("nbgrader", "deletable", "editable"):
+            c.metadata.pop(key, None)
+    nb02 = filled("02_worked_example")
+    release = nbformat.read(RELEASE / "02_worked_example.ipynb", as_version=4)
+    # alibi_head answered in a new cell above its answer cell, which still raises NotImplementedError; the
+    # written answer typed below its answer cell, which still says YOUR ANSWER HERE
+    for grade_id, offset in (("alibi_head", 0), ("sat_answer", 1)):
+        stub = cell(nb02, grade_id)
+        new = (nbformat.v4.new_code_cell if stub.cell_type == "code" else nbformat.v4.new_markdown_cell)(
+            stub.source, id=f"own-{grade_id.replace('_', '-')}")
+        stub.source = cell(release, grade_id).source
+        nb02.cells.insert(nb02.cells.index(stub) + offset, new)
+    # multi_head's answer cell deleted, the answer written in a new cell where it stood
+    multi = cell(nb02, "multi_head")
+    multi.metadata.pop("nbgrader")
+    multi.id = "own-multi-head"
+    return {"01_slopes_and_bias": nb01, "02_worked_example": nb02}
 
 
 def honest_but_unusual() -> dict:

@@ -88,6 +88,9 @@ def test_reasons_say_what_happened(graded_sample_class):
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
     assert "walked the interpreter's objects (gc.get_objects)" in feedback
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
+    assert "gave back the grading metadata 20 cell(s) had lost" in reasons["tia", "01_slopes_and_bias"]
+    assert ("graded the answer written beside its answer cell, which was left as released: sat_answer, alibi_head"
+            in reasons["tia", "02_worked_example"])
     assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
     assert "bonus" in reasons["pat", "02_worked_example"]
     assert reasons["ada", "03_slope_zero"] == ""
@@ -110,6 +113,15 @@ def test_outputs_for_the_instructor(graded_sample_class):
     assert (out / "gradebook.db").exists()
     for student in ("ada", "cy", "hal", "oli"):
         assert list((out / "feedback" / student).glob("*.html")), f"no feedback for {student}"
+    # written answers reach the instructor: tia's, typed below the answer cell she left as released, too
+    # (nbgrader scores a written answer left as released 0, and does not ask for it to be graded by hand)
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gradebook:
+        for student in ("ada", "tia"):
+            notebook = gradebook.find_submission_notebook("02_worked_example", "alibi", student)
+            (written,) = [g for g in notebook.grades if g.name == "sat_answer"]
+            assert written.needs_manual_grade and written.auto_score is None, student
 
 
 @needs_bwrap
@@ -478,6 +490,71 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     cleaned = nbformat.reads(submission.notebooks["02_worked_example"].decode(), as_version=4)
     assert all(c.metadata.get("nbgrader", {}).get("grade_id") != "bonus" for c in cleaned.cells)
     assert "bonus" in submission.notes["02_worked_example"]
+
+
+def _collected(tmp_path, nb, name="02_worked_example"):
+    """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
+    folder = tmp_path / "student"
+    folder.mkdir(exist_ok=True)
+    nbformat.write(nb, folder / f"{name}.ipynb")
+    (submission,) = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
+    return nbformat.reads(submission.notebooks[name].decode(), as_version=4), submission.notes.get(name, "")
+
+
+def _grade_ids(nb):
+    return [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+
+
+def test_cells_that_lost_their_grading_metadata_get_it_back_cell_for_cell(tmp_path):
+    """An editor that drops cell metadata (or cells pasted into a new notebook) left plain cells: before, the
+    test cells were put back at the top, above the answers, and a right notebook earned 0."""
+    from autograder.make_sample_class import filled
+
+    whole = filled("02_worked_example")
+    stripped = filled("02_worked_example")
+    for c in stripped.cells:
+        c.metadata.pop("nbgrader", None)
+    # and a cell of the student's own in between, which is nobody's answer
+    stripped.cells.insert(5, nbformat.v4.new_code_cell("print(Q.shape)"))
+    whole.cells.insert(5, nbformat.v4.new_code_cell("print(Q.shape)"))
+    cleaned, note = _collected(tmp_path, stripped)
+    assert _grade_ids(cleaned) == _grade_ids(whole)
+    assert [c.source for c in cleaned.cells] == [c.source for c in whole.cells], "a cell was added or moved"
+    assert "put back" not in note and "gave back the grading metadata" in note
+
+
+def test_an_answer_beside_its_answer_cell_is_graded_and_a_stub_is_never_put_back(tmp_path):
+    from autograder.make_sample_class import cell, filled
+
+    release = nbformat.read(RELEASE / "02_worked_example.ipynb", as_version=4)
+    nb = filled("02_worked_example")
+    answer = cell(nb, "alibi_head").source
+    # alibi_head: a helper cell and the answer in new cells above the answer cell, left as released
+    cell(nb, "alibi_head").source = cell(release, "alibi_head").source
+    at = nb.cells.index(cell(nb, "alibi_head"))
+    nb.cells[at:at] = [nbformat.v4.new_code_cell(answer), nbformat.v4.new_code_cell("def helper():\n    pass")]
+    # multi_head: the answer cell deleted, nothing written in its place; softmax: a helper in its place
+    nb.cells.remove(cell(nb, "multi_head"))
+    helper = cell(nb, "softmax")
+    helper.metadata.pop("nbgrader")
+    helper.source = "def not_softmax(x):\n    return x"
+    # the written answer below its answer cell, left as released, and the question pasted again (not an answer,
+    # though longer)
+    written = cell(nb, "sat_answer")
+    text, written.source = written.source, cell(release, "sat_answer").source
+    question = nb.cells[nb.cells.index(written) - 1].source
+    assert len(question) > len(text)
+    at = nb.cells.index(written) + 1
+    nb.cells[at:at] = [nbformat.v4.new_markdown_cell(question), nbformat.v4.new_markdown_cell(text)]
+    cleaned, note = _collected(tmp_path, nb)
+    assert cell(cleaned, "alibi_head").source == answer, "the answer above the stub is the answer cell"
+    assert cell(release, "alibi_head").source not in [c.source for c in cleaned.cells], "the stub is gone"
+    assert cell(cleaned, "sat_answer").source == text
+    ids = _grade_ids(cleaned)
+    assert "multi_head" not in ids and "softmax" not in ids, "a stub was put back, or a helper taken for an answer"
+    assert ids.count("test_multi_head") == ids.count("test_softmax") == 1
+    assert "graded the answer written beside its answer cell, which was left as released: sat_answer, alibi_head" \
+        in note
 
 
 def _executed(cells, **settings):
