@@ -2,7 +2,8 @@
 
 Nothing here runs student code. Each notebook is parsed and validated; one that is truncated or
 not JSON is recorded as unreadable instead of reaching nbgrader (which would discard the
-student's whole submission for it). Cells carrying nbgrader metadata that the assignment does
+student's whole submission for it). A notebook handed in under another name is found by the grade
+ids only it holds, or by its name (``_renamed``). Cells carrying nbgrader metadata that the assignment does
 not have (foreign cells) lose that metadata, so nbgrader grades them as plain cells.
 
 Cells whose nbgrader metadata is gone (an editor that drops it, cells pasted into a new notebook,
@@ -104,6 +105,46 @@ def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[st
                 found.setdefault(name.stem, b"\0" * (MAX_NOTEBOOK_BYTES + 1))
                 continue
             found.setdefault(name.stem, archive.read(info))
+    return found
+
+
+def _plain_name(stem: str) -> str:
+    """A notebook's name without what downloads and copies add: "01_bias (1)", "01_bias-Copy1", "01_Bias_copy"."""
+    stem = stem.lower().strip()
+    while (shorter := re.sub(r"(\s*\(\d+\)|[-_ ]copy\d*|-\d+)$", "", stem).strip()) != stem:
+        stem = shorter
+    return stem
+
+
+def _grade_ids_in(raw: bytes) -> set[str]:
+    try:
+        cells = json.loads(raw).get("cells", [])
+        return {str(c["metadata"]["nbgrader"]["grade_id"]) for c in cells
+                if isinstance(c, dict) and "grade_id" in c.get("metadata", {}).get("nbgrader", {})}
+    except (ValueError, AttributeError, TypeError):
+        return set()
+
+
+def _renamed(files: dict[str, bytes], releases: dict) -> dict[str, str]:
+    """For each notebook of the assignment not handed in under its name, the one handed in under another
+    name that is it: the one holding most of the grade ids that are its alone (no other notebook of the
+    assignment has them: "readonly-03" may be in every one), or, where none does, the one whose name is its
+    name once what downloads and copies add is taken off ("01_bias (1)", "01_bias-Copy1"; an LMS's prefix).
+    Best pairs first, each notebook given once."""
+    ids = {name: {_grade_id(c) for c in release.cells} - {None} for name, release in releases.items()}
+    missing = {name: own - set().union(*(ids[other] for other in ids if other != name))
+               for name, own in ids.items() if name not in files}
+    pairs = []
+    for stem in (stem for stem in files if stem not in releases):
+        held = _grade_ids_in(files[stem])
+        for name, own in missing.items():
+            likeness = (len(held & own), _plain_name(stem).endswith(_plain_name(name)))
+            if any(likeness):
+                pairs.append((likeness, stem, name))
+    found: dict[str, str] = {}
+    for _, stem, name in sorted(pairs, reverse=True):
+        if name not in found and stem not in found.values():
+            found[name] = stem
     return found
 
 
@@ -317,10 +358,14 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
             continue
+        renamed = _renamed(files, releases)
         for name, release in releases.items():
-            if name not in files:
+            handed_in = renamed.get(name, name)
+            if handed_in not in files:
                 continue
-            cleaned, note = _clean(files[name], release)
+            cleaned, note = _clean(files[handed_in], release)
+            if handed_in != name:
+                note = "; ".join(filter(None, [f"graded {handed_in}.ipynb as {name}.ipynb", note]))
             if cleaned is None:
                 submission.problems[name] = ("unreadable", note)
             else:

@@ -492,6 +492,34 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     assert "bonus" in submission.notes["02_worked_example"]
 
 
+def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
+    """Downloads and copies rename notebooks ("name (1)", "Copy of name", an LMS's prefix and "-1"): before,
+    such a notebook was "missing", 0 points. Found by the grade ids it holds, or where it lost them, by name."""
+    from autograder.make_sample_class import filled
+
+    names = ["01_slopes_and_bias", "02_worked_example", "03_slope_zero", "04_causal"]
+    folder = tmp_path / "ann"
+    folder.mkdir()
+    nbformat.write(filled(names[0]), folder / f"{names[0]} (1).ipynb")
+    nbformat.write(filled(names[1]), folder / "Copy of my work.ipynb")  # by its grade ids alone
+    stripped = filled(names[3])
+    for c in stripped.cells:
+        c.metadata.pop("nbgrader", None)
+    nbformat.write(stripped, folder / f"doe_ann_1234_{names[3]}-1.ipynb")  # by its name alone
+    exact, copy = filled(names[2]), filled(names[2])
+    exact.cells.append(nbformat.v4.new_markdown_cell("the one handed in under its name"))
+    nbformat.write(exact, folder / f"{names[2]}.ipynb")
+    nbformat.write(copy, folder / f"{names[2]}-Copy1.ipynb")
+    nbformat.write(filled(names[1]), folder / "scratch.ipynb")  # 02 again: taken once only
+    (submission,) = collect(tmp_path, {name: RELEASE / f"{name}.ipynb" for name in names})
+    assert sorted(submission.notebooks) == names
+    assert submission.notes[names[0]].startswith(f"graded {names[0]} (1).ipynb as {names[0]}.ipynb")
+    assert submission.notes[names[3]].startswith(f"graded doe_ann_1234_{names[3]}-1.ipynb as {names[3]}.ipynb")
+    assert "the one handed in under its name" in submission.notebooks[names[2]].decode()
+    assert names[2] not in submission.notes
+    assert "Copy of my work.ipynb" in submission.notes[names[1]] or "scratch.ipynb" in submission.notes[names[1]]
+
+
 def _collected(tmp_path, nb, name="02_worked_example"):
     """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
     folder = tmp_path / "student"
