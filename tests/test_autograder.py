@@ -89,6 +89,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "walked the interpreter's objects (gc.get_objects)" in feedback
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
     assert "gave back the grading metadata 20 cell(s) had lost" in reasons["tia", "01_slopes_and_bias"]
+    assert reasons["tia", "02_worked_example"].startswith(
+        "graded 02_worked_example (1).ipynb as 02_worked_example.ipynb; gave back the grading metadata 1 cell(s)")
     assert ("graded the answer written beside its answer cell, which was left as released: sat_answer, alibi_head"
             in reasons["tia", "02_worked_example"])
     assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
