@@ -35,7 +35,8 @@ from pathlib import Path
 import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
-MAX_NOTEBOOK_BYTES = 20 * 2**20
+MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
+MAX_READ_BYTES = 256 * 2**20  # what is read at all
 # what nbgrader's exchange puts beside the notebooks: when it was handed in (late penalties) and the
 # secret that names the student's feedback in the exchange
 EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
@@ -70,14 +71,15 @@ def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: boo
     return inside or not (own_folder_only or any_in_folder)
 
 
-def _files_of_folder(folder: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes]:
+def _files_of_folder(folder: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes | int]:
     paths = [p for p in sorted(folder.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and p.is_file()]
     parts = [p.relative_to(folder).parts for p in paths]
     any_in_folder = any(assignment in q[:-1] for q in parts)
     found = {}
     for path, q in zip(paths, parts, strict=True):
         if _in_assignment(q, assignment, own_folder_only, any_in_folder):
-            found.setdefault(path.stem, path.read_bytes()[: MAX_NOTEBOOK_BYTES + 1])
+            size = path.stat().st_size
+            found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
     return found
 
 
@@ -91,7 +93,7 @@ def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
     return found
 
 
-def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes]:
+def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes | int]:
     found = {}
     with zipfile.ZipFile(path) as archive:
         infos = [i for i in archive.infolist() if not i.is_dir() and Path(i.filename).suffix == ".ipynb"
@@ -101,8 +103,8 @@ def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[st
             name = Path(info.filename)
             if not _in_assignment(name.parts, assignment, own_folder_only, any_in_folder):
                 continue
-            if info.file_size > MAX_NOTEBOOK_BYTES:
-                found.setdefault(name.stem, b"\0" * (MAX_NOTEBOOK_BYTES + 1))
+            if info.file_size > MAX_READ_BYTES:
+                found.setdefault(name.stem, info.file_size)
                 continue
             found.setdefault(name.stem, archive.read(info))
     return found
@@ -289,10 +291,32 @@ def _put_back_deleted(nb, release) -> list[str]:
     return put_back
 
 
-def _clean(raw: bytes, release) -> tuple[bytes | None, str]:
-    """(the notebook to grade, a note), or (None, why it cannot be graded)."""
+def _without_outputs(raw: bytes) -> tuple[bytes, str]:
+    """A notebook past MAX_NOTEBOOK_BYTES without its outputs and saved widget state, which grading does not
+    read (it runs every cell again): a printing loop or many plots made honest notebooks that large."""
+    try:
+        nb = json.loads(raw)
+        for cell in nb["cells"]:
+            if "outputs" in cell:
+                cell["outputs"], cell["execution_count"] = [], None
+        nb.get("metadata", {}).pop("widgets", None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return raw, ""  # not a notebook: the checks below say why
+    smaller = json.dumps(nb, ensure_ascii=False).encode()
+    return smaller, f"cleared its outputs first ({len(raw) / 2**20:.0f} MiB in all; grading runs every cell again)"
+
+
+def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
+    """(the notebook to grade, a note), or (None, why it cannot be graded). ``raw``: the file, or the size of
+    one past MAX_READ_BYTES, which is not read."""
+    if isinstance(raw, int):
+        return None, f"larger than {MAX_READ_BYTES // 2**20} MiB ({raw / 2**20:,.0f} MiB)"
+    notes = []
     if len(raw) > MAX_NOTEBOOK_BYTES:
-        return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB"
+        raw, cleared = _without_outputs(raw)
+        notes += [cleared] if cleared else []
+        if len(raw) > MAX_NOTEBOOK_BYTES:
+            return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB without its outputs"
     try:
         nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
@@ -309,7 +333,6 @@ def _clean(raw: bytes, release) -> tuple[bytes | None, str]:
             del cell.metadata["nbgrader"]
         elif meta is not None:
             seen.add(meta["grade_id"])
-    notes = []
     if foreign:
         notes.append(f"ignored the grading metadata of cells not in the assignment: {', '.join(foreign)}")
     restored = _restore_lost_metadata(nb, release)

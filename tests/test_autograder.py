@@ -522,6 +522,35 @@ def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
     assert "Copy of my work.ipynb" in submission.notes[names[1]] or "scratch.ipynb" in submission.notes[names[1]]
 
 
+def test_a_notebook_too_large_for_grading_loses_its_outputs_not_its_points(tmp_path, monkeypatch):
+    """Outputs are run again when grading: past the size that reaches nbgrader they are cleared first (before, a
+    notebook over 20 MiB, a printing loop's or many plots', was unreadable: 0 points). The limits are lowered
+    here to 1 and 4 MiB to keep the files small; the code reads them at each call."""
+    import autograder.collect as collect_module
+    from autograder.make_sample_class import cell, filled
+
+    monkeypatch.setattr(collect_module, "MAX_NOTEBOOK_BYTES", 2**20)
+    monkeypatch.setattr(collect_module, "MAX_READ_BYTES", 4 * 2**20)
+    name = "02_worked_example"
+    printed = filled(name)  # 2 MiB printed by the answer cell, and widget state saved
+    cell(printed, "alibi_head").outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 2**21)]
+    printed.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    written = filled(name)  # 2 MiB in a written answer: the student's own text, which is not cleared
+    cell(written, "sat_answer").source = "y" * 2**21
+    huge = filled(name)  # past what is read at all
+    cell(huge, "alibi_head").outputs = [nbformat.v4.new_output("stream", name="stdout", text="z" * 5 * 2**20)]
+    for student, nb in (("printed", printed), ("written", written), ("huge", huge)):
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / f"{name}.ipynb")
+    found = {s.student: s for s in collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})}
+    graded = nbformat.reads(found["printed"].notebooks[name].decode(), as_version=4)
+    assert cell(graded, "alibi_head").source == cell(printed, "alibi_head").source
+    assert not any(c.get("outputs") for c in graded.cells) and "widgets" not in graded.metadata
+    assert found["printed"].notes[name].startswith("cleared its outputs first (2 MiB in all")
+    assert found["written"].problems[name] == ("unreadable", "larger than 1 MiB without its outputs")
+    assert found["huge"].problems[name] == ("unreadable", "larger than 4 MiB (5 MiB)")
+
+
 def _collected(tmp_path, nb, name="02_worked_example"):
     """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
     folder = tmp_path / "student"
