@@ -28,6 +28,7 @@ import difflib
 import hashlib
 import json
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,11 @@ def _answer_names(stub: str) -> set[str]:
     return _defined_names(stub) | (read - set(dir(builtins)))
 
 
+def _stubs(release) -> dict[str, tuple[str, str]]:
+    """The answer cells as released (code stubs, "YOUR ANSWER HERE"), by grade id: their type and text."""
+    return {_grade_id(c): _text(c) for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")}
+
+
 def _written_by_student(nb, release, cell_type: str, within: range) -> list[int]:
     """The plain cells of ``cell_type`` in ``within`` that the student wrote: not empty, and not a release
     cell's text (a question pasted again is nobody's answer)."""
@@ -251,7 +257,7 @@ def _answers_beside_stubs(nb, release) -> list[str]:
     answer cell and the stub goes. For code, a cell above that defines the stub's names (the stub, run after
     it, would replace the answer); for a written answer, the longest plain markdown cell between the
     stub's graded or locked neighbours (nbgrader gives a written answer left as released 0 points, unseen)."""
-    stubs = {_grade_id(c): _text(c) for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    stubs = _stubs(release)
     moved = []
     for n, cell in reversed(list(enumerate(nb.cells))):
         grade_id = _grade_id(cell)
@@ -271,6 +277,15 @@ def _answers_beside_stubs(nb, release) -> list[str]:
             del nb.cells[n]
             moved.append(grade_id)
     return moved
+
+
+def _drop_pasted_stubs(nb, release) -> int:
+    """Remove the student's plain cells that are an answer cell's code stub as released (a copy and paste of
+    the answer cell, the answer written into the other copy): run after the answer, one would replace it."""
+    stubs = {text for text in _stubs(release).values() if text[0] == "code"}
+    kept = [c for c in nb.cells if _grade_id(c) is not None or _text(c) not in stubs]
+    pasted, nb.cells = len(nb.cells) - len(kept), kept
+    return pasted
 
 
 def _put_back_deleted(nb, release) -> list[str]:
@@ -318,23 +333,29 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
         if len(raw) > MAX_NOTEBOOK_BYTES:
             return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB without its outputs"
     try:
-        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+        with warnings.catch_warnings():  # a pasted cell's id repeated, or none: nbformat gives it a new one
+            warnings.simplefilter("ignore", nbformat.warnings.DuplicateCellId)
+            warnings.simplefilter("ignore", nbformat.warnings.MissingIDFieldWarning)
+            nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         return None, f"not a notebook: the file is not valid JSON ({err})"
     except Exception as err:  # nbformat's ValidationError and friends
         return None, f"not a valid notebook: {str(err).splitlines()[0]}"
     grade_ids = {_grade_id(c) for c in release.cells} - {None}
-    foreign, seen = [], set()
+    foreign, copies, seen = [], [], set()
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader")
         if meta is not None and (meta.get("grade_id") not in grade_ids or meta.get("grade_id") in seen):
-            foreign.append(str(meta.get("grade_id")))  # not the assignment's, or a second copy of one
+            (copies if meta.get("grade_id") in seen else foreign).append(str(meta.get("grade_id")))
             del cell.metadata["nbgrader"]
         elif meta is not None:
             seen.add(meta["grade_id"])
     if foreign:
         notes.append(f"ignored the grading metadata of cells not in the assignment: {', '.join(foreign)}")
+    if copies:
+        notes.append(f"graded the first of two cells with the grading metadata of {', '.join(copies)} (a copy and "
+                     "paste keeps it); the second stays, as a cell of the student's own")
     restored = _restore_lost_metadata(nb, release)
     if restored:
         graded = [g for g in restored if _meta(release, g).get("grade") or _meta(release, g).get("solution")]
@@ -344,6 +365,9 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
     if moved:
         notes.append(f"graded the answer written beside its answer cell, which was left as released: "
                      f"{', '.join(moved)}")
+    pasted = _drop_pasted_stubs(nb, release)
+    if pasted:
+        notes.append(f"left out {pasted} copies of answer cells as released, which would replace the answers")
     put_back = _put_back_deleted(nb, release)
     if put_back:
         notes.append(f"put back deleted cells: {', '.join(put_back)}")

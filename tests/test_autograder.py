@@ -4,6 +4,7 @@ import ast
 import asyncio
 import contextlib
 import csv
+import json
 import os
 import shutil
 import socket
@@ -494,6 +495,28 @@ def test_foreign_grading_cells_lose_their_metadata(tmp_path):
     assert "bonus" in submission.notes["02_worked_example"]
 
 
+def test_a_pasted_copy_of_an_answer_cell_left_as_released_does_not_replace_the_answer(tmp_path):
+    """Copy and paste keeps a cell's metadata: the answer written into the first copy, the second, left as
+    released, ran after it and replaced it (4 of 7 before). A second copy of a test cell stays, ungraded."""
+    import copy
+
+    from autograder.make_sample_class import cell, filled
+
+    name = "01_slopes_and_bias"
+    release = nbformat.read(RELEASE / f"{name}.ipynb", as_version=4)
+    nb = filled(name)
+    answer = cell(nb, "paper_slopes")
+    nb.cells.insert(nb.cells.index(answer) + 1, copy.deepcopy(cell(release, "paper_slopes")))
+    nb.cells.append(copy.deepcopy(cell(nb, "test_alibi_bias")))
+    cleaned, note = _collected(tmp_path, nb, name)
+    assert cell(cleaned, "paper_slopes").source == answer.source
+    assert cell(release, "paper_slopes").source not in [c.source for c in cleaned.cells]
+    assert _grade_ids(cleaned).count("test_alibi_bias") == 1
+    assert [c.source for c in cleaned.cells].count(cell(nb, "test_alibi_bias").source) == 2
+    assert "graded the first of two cells with the grading metadata of paper_slopes, test_alibi_bias" in note
+    assert "left out 1 copies of answer cells as released" in note
+
+
 def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
     """Downloads and copies rename notebooks ("name (1)", "Copy of name", an LMS's prefix and "-1"): before,
     such a notebook was "missing", 0 points. Found by the grade ids it holds, or where it lost them, by name."""
@@ -555,7 +578,7 @@ def _collected(tmp_path, nb, name="02_worked_example"):
     """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
     folder = tmp_path / "student"
     folder.mkdir(exist_ok=True)
-    nbformat.write(nb, folder / f"{name}.ipynb")
+    (folder / f"{name}.ipynb").write_text(json.dumps(nb))  # as saved: pasted cells repeat their ids
     (submission,) = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
     return nbformat.reads(submission.notebooks[name].decode(), as_version=4), submission.notes.get(name, "")
 
