@@ -51,6 +51,7 @@ class Submission:
     problems: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (status, reason)
     notes: dict[str, str] = field(default_factory=dict)  # name -> what was repaired
     files: dict[str, bytes] = field(default_factory=dict)  # EXCHANGE_FILES found beside the notebooks
+    graded_under: str = ""  # what grading depends on besides the notebooks (grade.grading_fingerprint)
 
     @property
     def digest(self) -> str:

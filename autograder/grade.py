@@ -8,7 +8,8 @@ source notebooks (this repository's solutions/ unless ``course`` says otherwise,
 generate_assignment, autograde, generate_feedback and export do the grading. Each student's
 assignment is one job; a worker runs nbgrader's autograde for it with the sandboxed Execute step,
 in a local process pool or, with ``scheduler``, on a Dask cluster (``distributed.py``). A job
-whose submission has not changed since its last complete grading is skipped, so re-running is
+whose submission, and what it is graded under (``grading_fingerprint``: the source, the checks,
+the limits, ...), have not changed since its last complete grading is skipped, so re-running is
 idempotent and an interrupted run resumes where it stopped.
 """
 
@@ -352,10 +353,12 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     for assignment, notebooks in releases.items():
         # with several assignments each student's notebooks must sit in a folder named for theirs
         class_ += collect(submissions, notebooks, assignment, own_folder_only=len(releases) > 1)
+    fingerprints = {assignment: grading_fingerprint(s, assignment) for assignment in releases}
     todo = []
     for submission in class_:
+        submission.graded_under = fingerprints[submission.assignment]
         done = _state_dir(s, submission.student, submission.assignment) / "done.sha256"
-        if done.exists() and done.read_text() == submission.digest + s.db_url:
+        if done.exists() and done.read_text() == submission.digest + submission.graded_under:
             continue  # graded already, and nothing changed since
         _stage(s, submission, releases[submission.assignment])
         todo.append(submission)
@@ -371,12 +374,26 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     return report
 
 
+def grading_fingerprint(s: Settings, assignment: str) -> str:
+    """What a student's grade depends on besides their notebooks: the assignment's source, the course's
+    configuration, the checks' and the grader's code, the hidden cases' secret, the limits and the gradebook.
+    A submission last graded under another fingerprint is graded again: before, fixing a test in the
+    source, or raising a time limit for the students who ran out of it, left every grade as it was."""
+    checks = Path(importlib.import_module(_checks_module(s).split(".")[0]).__file__).parent
+    parts = [_tree_hash(s.course.source / assignment), _tree_hash(checks, "*.py"),
+             _tree_hash(Path(__file__).parent, "*.py"), hidden_cases_key(s).read_text(),
+             s.course.config_file.read_text() if s.course.config_file else "", s.course.course_id,
+             repr((s.timeout, s.cell_timeout, s.memory_bytes, s.sandbox)), s.db_url]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
 def record_done(s: Settings, sub: Submission, failed: dict[str, str], failures: dict) -> None:
-    """Note a finished job: its failures, or (none) that it need not be graded again while unchanged."""
+    """Note a finished job: its failures, or (none) that it need not be graded again while it and what it was
+    graded under (``grading_fingerprint``) stay as they are."""
     if failed:
         failures[sub.student, sub.assignment] = failed
     else:
-        (_state_dir(s, sub.student, sub.assignment) / "done.sha256").write_text(sub.digest + s.db_url)
+        (_state_dir(s, sub.student, sub.assignment) / "done.sha256").write_text(sub.digest + sub.graded_under)
 
 
 def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[tuple[str, str], dict[str, str]]:

@@ -83,6 +83,22 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path):
     grade(tmp_path / "subs", out, course=course, **FAST)
     assert {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")} == done
     assert _scores(out / "grades.csv") == expected
+    # the instructor drops hw1's hidden test, which "part" fails: hw1 is graded again, and only hw1 (before,
+    # a re-run kept every grade, the fixed test's included)
+    source = course / "source" / "hw1" / "squares.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    (test,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_squares"]
+    test.source = test.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+    nbformat.write(nb, source)
+    grade(tmp_path / "subs", out, course=course, **FAST)
+    after = {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")}
+    assert {p.parent.name for p in done if after[p] != done[p]} == {"hw1"}
+    assert {p.parent.parent.name for p in done if after[p] != done[p]} == {"good", "part", "dies"}
+    expected[("part", "hw1", "squares")] = (2.0, "graded")
+    assert _scores(out / "grades.csv") == expected
+    # and a longer time limit grades everyone again
+    grade(tmp_path / "subs", out, course=course, **{**FAST, "cell_timeout": FAST["cell_timeout"] + 1})
+    assert all(p.stat().st_mtime_ns != after[p] for p in after)
     # one assignment alone, chosen by name: then notebooks outside a folder named for it count too
     only = grade(tmp_path / "subs", tmp_path / "out2", course=course, assignments=["hw2"], **FAST)
     assert {r["assignment"] for r in only.rows} == {"hw2"}
