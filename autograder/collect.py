@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import datetime
 import difflib
 import hashlib
 import json
@@ -375,6 +376,38 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
     return nbformat.writes(nb).encode(), "; ".join(notes)
 
 
+def _newest_notebook(entry: Path) -> float:
+    """When ``entry`` (a folder, a zip or a notebook) was last handed in: the time of its newest notebook."""
+    if entry.suffix == ".zip":
+        with zipfile.ZipFile(entry) as archive:
+            times = [datetime.datetime(*i.date_time).timestamp() for i in archive.infolist()
+                     if i.filename.endswith(".ipynb")]
+    elif entry.is_dir():
+        times = [p.stat().st_mtime for p in entry.rglob("*.ipynb")]
+    else:
+        times = []
+    return max(times, default=entry.stat().st_mtime)
+
+
+def _entries(folder: Path) -> list[tuple[str, Path, list[str]]]:
+    """(student id, the entry to grade, the student's other entries) for each student in ``folder``: a folder,
+    a .zip or a notebook named for the student. A student handed in twice (a zip beside its unpacked folder,
+    a re-upload) is graded from the newest: graded twice, the two runs raced for one gradebook row."""
+    by_student: dict[str, list[Path]] = {}
+    for entry in sorted(folder.iterdir()):
+        if not entry.name.startswith(".") and (entry.is_dir() or entry.suffix in (".zip", ".ipynb")):
+            by_student.setdefault(entry.name if entry.is_dir() else entry.stem, []).append(entry)
+    chosen = []
+    for student, entries in by_student.items():
+        if len(entries) > 1:
+            try:
+                entries = sorted(entries, key=_newest_notebook)
+            except (zipfile.BadZipFile, OSError):
+                pass  # one of them cannot be read: the last in name order, which then says why
+        chosen.append((student, entries[-1], [e.name + "/" * e.is_dir() for e in entries[:-1]]))
+    return chosen
+
+
 def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
             own_folder_only: bool = False) -> list[Submission]:
     """Every student's submission of ``assignment`` in ``folder``.
@@ -387,10 +420,7 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
         raise FileNotFoundError(f"submissions folder {folder} does not exist")
     releases = {name: nbformat.read(path, as_version=4) for name, path in notebooks.items()}
     class_ = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith("."):
-            continue
-        student = entry.stem if entry.suffix == ".zip" else entry.name
+    for student, entry, others in _entries(folder):
         submission = Submission(student, assignment)
         class_.append(submission)
         if not STUDENT_ID.match(student):
@@ -398,10 +428,13 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.problems[name] = ("invalid", f"{entry.name!r} is not a usable student id")
             continue
         try:
-            files = (_files_of_zip(entry, assignment, own_folder_only) if entry.suffix == ".zip"
-                     else _files_of_folder(entry, assignment, own_folder_only))
-            if entry.is_dir():
+            if entry.suffix == ".zip":
+                files = _files_of_zip(entry, assignment, own_folder_only)
+            elif entry.is_dir():
+                files = _files_of_folder(entry, assignment, own_folder_only)
                 submission.files = _exchange_files(entry, assignment)
+            else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
+                files = {entry.stem: entry.read_bytes()}
         except (zipfile.BadZipFile, OSError) as err:
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
@@ -420,4 +453,7 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.notebooks[name] = cleaned
                 if note:
                     submission.notes[name] = note
+        for name in notebooks if others else ():
+            twice = f"handed in {len(others) + 1} times: graded {entry.name}, the newest, not {', '.join(others)}"
+            submission.notes[name] = "; ".join(filter(None, [twice, submission.notes.get(name)]))
     return [s for s in class_ if s.student]

@@ -517,6 +517,33 @@ def test_a_pasted_copy_of_an_answer_cell_left_as_released_does_not_replace_the_a
     assert "left out 1 copies of answer cells as released" in note
 
 
+def test_a_student_handed_in_twice_is_graded_once_from_the_newest_and_a_lone_notebook_is_a_student(tmp_path):
+    """A zip beside its unpacked folder, or a re-upload: graded twice before, two jobs raced for one student's
+    gradebook rows and grades.csv had the student twice. A notebook alone in the submissions folder is the
+    student it is named for; its grade ids say which notebook of the assignment it is."""
+    from autograder.make_sample_class import cell, filled
+
+    names = ["01_slopes_and_bias", "03_slope_zero"]
+    old, new = filled(names[1]), filled(names[1])
+    new.cells.append(nbformat.v4.new_markdown_cell("handed in last"))
+    (tmp_path / "bob").mkdir()
+    nbformat.write(old, tmp_path / "bob" / f"{names[1]}.ipynb")
+    os.utime(tmp_path / "bob" / f"{names[1]}.ipynb", (1.7e9, 1.7e9))
+    with zipfile.ZipFile(tmp_path / "bob.zip", "w") as archive:
+        archive.writestr(zipfile.ZipInfo(f"bob/{names[1]}.ipynb", date_time=(2026, 11, 1, 0, 0, 0)),
+                         nbformat.writes(new))
+    nbformat.write(filled(names[0]), tmp_path / "cal.ipynb")
+    (tmp_path / "README.txt").write_text("the class's hand-ins, unpacked")
+    found = collect(tmp_path, {name: RELEASE / f"{name}.ipynb" for name in names})
+    assert [s.student for s in found] == ["bob", "cal"]
+    bob, cal = found
+    assert "handed in last" in bob.notebooks[names[1]].decode()
+    assert bob.notes[names[1]] == "handed in 2 times: graded bob.zip, the newest, not bob/"
+    assert sorted(cal.notebooks) == [names[0]] and cal.notes[names[0]] == f"graded cal.ipynb as {names[0]}.ipynb"
+    cleaned = nbformat.reads(cal.notebooks[names[0]].decode(), as_version=4)
+    assert cell(cleaned, "paper_slopes").source == cell(filled(names[0]), "paper_slopes").source
+
+
 def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
     """Downloads and copies rename notebooks ("name (1)", "Copy of name", an LMS's prefix and "-1"): before,
     such a notebook was "missing", 0 points. Found by the grade ids it holds, or where it lost them, by name."""
