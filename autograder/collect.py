@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import copy
 import datetime
 import difflib
@@ -308,6 +309,16 @@ def _put_back_deleted(nb, release) -> list[str]:
     return put_back
 
 
+@contextlib.contextmanager
+def _new_ids_quietly():
+    """nbformat gives a cell whose id repeats another's (a pasted cell), or that has none, a new one, and warns:
+    for each notebook, on the instructor's console, where it says nothing to act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", nbformat.warnings.DuplicateCellId)
+        warnings.simplefilter("ignore", nbformat.warnings.MissingIDFieldWarning)
+        yield
+
+
 def _without_outputs(raw: bytes) -> tuple[bytes, str]:
     """A notebook past MAX_NOTEBOOK_BYTES without its outputs and saved widget state, which grading does not
     read (it runs every cell again): a printing loop or many plots made honest notebooks that large."""
@@ -335,9 +346,7 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
         if len(raw) > MAX_NOTEBOOK_BYTES:
             return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB without its outputs"
     try:
-        with warnings.catch_warnings():  # a pasted cell's id repeated, or none: nbformat gives it a new one
-            warnings.simplefilter("ignore", nbformat.warnings.DuplicateCellId)
-            warnings.simplefilter("ignore", nbformat.warnings.MissingIDFieldWarning)
+        with _new_ids_quietly():
             nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
         nbformat.validate(nb)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -373,7 +382,8 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
     put_back = _put_back_deleted(nb, release)
     if put_back:
         notes.append(f"put back deleted cells: {', '.join(put_back)}")
-    return nbformat.writes(nb).encode(), "; ".join(notes)
+    with _new_ids_quietly():  # a cell put back beside a student's cell with its id
+        return nbformat.writes(nb).encode(), "; ".join(notes)
 
 
 def _newest_notebook(entry: Path) -> float:
