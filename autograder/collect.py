@@ -450,9 +450,13 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
             continue
         renamed = _renamed(files, releases)
+        unused = sorted(set(files) - set(releases) - set(renamed.values()))
         for name, release in releases.items():
             handed_in = renamed.get(name, name)
-            if handed_in not in files:
+            if handed_in not in files:  # missing: say what was handed in instead, for the instructor to look at
+                if unused:
+                    submission.notes[name] = ("handed in, and taken for none of the assignment's notebooks: "
+                                              + ", ".join(f"{stem}.ipynb" for stem in unused))
                 continue
             cleaned, note = _clean(files[handed_in], release)
             if handed_in != name:

@@ -570,6 +570,12 @@ def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
     assert "the one handed in under its name" in submission.notebooks[names[2]].decode()
     assert names[2] not in submission.notes
     assert "Copy of my work.ipynb" in submission.notes[names[1]] or "scratch.ipynb" in submission.notes[names[1]]
+    # a notebook that is none of them is named where one is missing, for the instructor to look at
+    nbformat.write(nbformat.v4.new_notebook(), folder / "homework.ipynb")
+    (submission,) = collect(tmp_path, {name: RELEASE / f"{name}.ipynb" for name in [*names, "05_schedules"]})
+    unused = submission.notes["05_schedules"].removeprefix("handed in, and taken for none of the assignment's "
+                                                           "notebooks: ").split(", ")
+    assert {"03_slope_zero-Copy1.ipynb", "homework.ipynb"} < set(unused) and len(unused) == 3  # and a copy of 02
 
 
 def test_a_notebook_too_large_for_grading_loses_its_outputs_not_its_points(tmp_path, monkeypatch):
