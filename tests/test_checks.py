@@ -299,6 +299,11 @@ def test_an_answer_that_raises_gets_its_error():
     fn, _ = answer("paper_slopes", ("    def geometric(n):", "    raise RuntimeError('not yet')\n\n"
                                                          "    def geometric(n):"))
     assert "raised RuntimeError: not yet" in verdict("paper_slopes", fn).message
+    # the stub itself says it is not answered yet, the first thing every student sees
+    stub = "    raise NotImplementedError()\n\n    def geometric(n):"
+    fn, _ = answer("paper_slopes", ("    def geometric(n):", stub))
+    assert verdict("paper_slopes", fn).message.startswith(
+        "paper_slopes(8): raised NotImplementedError, as the answer cell does before it is answered: not answered yet")
 
 
 def test_an_answer_that_changes_its_inputs_in_place_changes_no_other_case():

@@ -1126,6 +1126,8 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if "raised" in result:
         if case.raises and str(result["raised"]).split(":")[0] == case.raises:
             return None
+        if result["raised"] == "NotImplementedError":  # what the answer cell's stub raises
+            return "raised NotImplementedError, as the answer cell does before it is answered: not answered yet"
         return f"raised {str(result['raised'])[:300]}"
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
