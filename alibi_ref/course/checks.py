@@ -1127,7 +1127,8 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
         if case.raises and str(result["raised"]).split(":")[0] == case.raises:
             return None
         if result["raised"] == "NotImplementedError":  # what the answer cell's stub raises
-            return "raised NotImplementedError, as the answer cell does before it is answered: not answered yet"
+            return ("raised NotImplementedError, as the answer cell does before it is answered: not answered yet "
+                    "(an answer written in another cell is replaced when the answer cell runs after it)")
         return f"raised {str(result['raised'])[:300]}"
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
