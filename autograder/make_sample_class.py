@@ -150,6 +150,7 @@ def students() -> dict[str, dict[str, object]]:
     s["xan"] = attacks_on_the_way_out()
     s["yul"] = a_copy_of_the_reference()
     s["zed"] = a_compiled_reference()
+    s["ora"] = the_reference_in_another_process()
     # every graded cell of a notebook deleted (nbgrader 0.9.6's add_missing_cells fails on that): put back
     sam = filled("01_slopes_and_bias")
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
@@ -473,6 +474,30 @@ def a_copy_of_the_reference() -> dict:
                                 "    out = mine.attention.alibi_attention(q_new[None, None], K_cache[None], "
                                 "V_cache[None], [slope], causal=True)\n    return out[0, 0]")
     return {"01_slopes_and_bias": nb01, "04_causal": nb04}
+
+
+def the_reference_in_another_process() -> dict:
+    """Installed code runs commands for whoever calls it: the answers have IPython's shell escape (``!``, and
+    ``getoutput``) run the reference in another Python, out of the guard's sight, and read its values back
+    (full marks before the guard asked every caller of a process start, not only the first outside the
+    standard library)."""
+    nb01 = filled("01_slopes_and_bias")
+    answer(nb01, "paper_slopes", (
+        "import json\nimport os\nimport sys\nimport tempfile\n\n\n"
+        "def paper_slopes(n_heads, max_bias=8.0):\n"
+        "    out = os.path.join(tempfile.mkdtemp(), 'slopes.json')\n"
+        "    code = (f'import json; from alibi_ref import get_slopes; '\n"
+        "            f\"json.dump(get_slopes({n_heads}, max_bias={max_bias}).tolist(), open('{out}', 'w'))\")\n"
+        "    !{sys.executable} -c \"{code}\"\n"
+        "    return np.array(json.load(open(out)))\n"))
+    answer(nb01, "alibi_bias", (
+        "import sys\n\n\n"
+        "def alibi_bias(slopes, q_len, k_len=None, causal=False):\n"
+        "    call = f'alibi_bias({list(map(float, slopes))}, {q_len}, {k_len}, causal={causal})'\n"
+        "    code = f'import json; from alibi_ref import alibi_bias; print(json.dumps({call}.tolist()))'\n"
+        "    printed = get_ipython().getoutput(f'{sys.executable} -c \"{code}\"')\n"
+        "    return np.array(json.loads(printed[-1]))\n"))
+    return {"01_slopes_and_bias": nb01}
 
 
 def a_compiled_reference() -> dict:

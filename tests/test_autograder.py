@@ -89,6 +89,9 @@ def test_reasons_say_what_happened(graded_sample_class):
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
     assert "walked the interpreter's objects (gc.get_objects)" in feedback
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
+    ora = reasons["ora", "01_slopes_and_bias"]  # IPython's shell escape, run by the answers: another Python
+    assert "paper_slopes(8): the answer ran code in another process (os.forkpty)" in ora
+    assert "alibi_bias([0.5, 0.25], 5): the answer ran code in another process (subprocess.Popen)" in ora
     assert "gave back the grading metadata 20 cell(s) had lost" in reasons["tia", "01_slopes_and_bias"]
     assert reasons["tia", "02_worked_example"].startswith(
         "graded 02_worked_example (1).ipynb as 02_worked_example.ipynb; gave back the grading metadata 1 cell(s)")

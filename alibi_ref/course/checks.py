@@ -336,6 +336,10 @@ _REACHED_THROUGH_STDLIB = {
     **dict.fromkeys(["os.kill", "os.killpg", "signal.pthread_kill"], "sent a signal"),
 }
 _STDLIB = (os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), ""), "<frozen ")  # not site-packages
+# starting a process is asked of every caller, not the first outside the standard library: installed code runs
+# commands for whoever calls it (IPython's `!cmd` and `getoutput`, pexpect, setuptools' spawn), and an answer
+# that had one run the reference in another process earned full marks
+_PROCESS_EVENTS = frozenset(event for event, what in _REACHED_THROUGH_STDLIB.items() if what.endswith("process"))
 
 
 def _start_thread(function, args, kwargs=None):
@@ -387,6 +391,15 @@ _REPLACED = [("_thread", vars(_thread), "start_new_thread", _start_thread),
              ("_signal", vars(_signal), "raise_signal", _raise_signal),
              ("signal", vars(signal), "raise_signal", _raise_signal),
              ("_thread", vars(_thread), "interrupt_main", _interrupt_main)]
+
+
+def _cell_runners() -> list:
+    """The code of IPython's ``run_code``, which runs a cell's code (none where IPython is not installed)."""
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+    except ImportError:
+        return []
+    return [InteractiveShell.run_code.__code__]
 
 
 def _refuser(candidates: frozenset, attributes: frozenset) -> Callable:
@@ -499,11 +512,13 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
         return function(*args, **kwargs)
 
     setters = frozenset({enter_code, exit_code, threading.Thread._bootstrap_inner.__code__, run_watched.__code__})
+    # where a cell's code (IPython runs it) or a thread's begins: above them, the code that asked
+    beginnings = frozenset({threading.Thread._bootstrap_inner.__code__, run_watched.__code__, *_cell_runners()})
     threads_setprofile = _threads_setprofile.__code__
     getframe, new_token, get_ident, sep, fingerprint = _getframe, os.urandom, threading.get_ident, os.sep, _fingerprint
     inside, course, exercises_file, parent, installed = _INSIDE, _COURSE, _EXERCISES_FILE, _PARENT, _INSTALLED
-    reach_events, reach_attributes, reached_through_stdlib, stdlib = (
-        dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB)
+    reach_events, reach_attributes, reached_through_stdlib, stdlib, process_events = (
+        dict(_REACH_EVENTS), dict(_REACH_ATTRIBUTES), dict(_REACHED_THROUGH_STDLIB), _STDLIB, _PROCESS_EVENTS)
     profile_event, thread_event, enter, record_event, leave = _PROFILE_EVENT, _THREAD_EVENT, _ENTER, _RECORD, _EXIT
     own_events = frozenset([enter, record_event, leave, _REAL, _PENDING, _DRAW])
     switched_off, nested = SWITCHED_OFF, NESTED
@@ -591,9 +606,14 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
             return None
         frame = frame_at(2)  # 0: here, 1: audit, 2: the code that raised the event
         # what no installed code does for an answer, the first caller outside the standard library (which
-        # starts a process in subprocess.Popen, calls ctypes' C through ctypes/__init__.py) is asked about
-        if not (asked_by_answer(frame) if through_stdlib else frame is not None and is_answer(
-                frame.f_code.co_filename)):
+        # calls ctypes' C through ctypes/__init__.py) is asked about; a process, every caller
+        if event in process_events:
+            answered = on_answers_behalf(frame)
+        elif through_stdlib:
+            answered = asked_by_answer(frame)
+        else:
+            answered = frame is not None and is_answer(frame.f_code.co_filename)
+        if not answered:
             return None
         named = f"{event}: {args[1]}" if event.startswith("object.") else event
         return f"the answer {what} ({named}), a way around the guard against calling the reference"
@@ -682,6 +702,19 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
             raise RuntimeError(f"the answer sent a signal ({name}), a way around the guard against calling the "
                                "reference")
         done.append(real[name](*args))
+
+    def on_answers_behalf(frame) -> bool:
+        """Whether any caller, from ``frame`` up to where a cell or a thread began, is the answer's code. Below
+        a cell lies the kernel's machinery (in a kernel forked from the autograder's zygote, the zygote's code,
+        which is not installed): a frame with neither a cell nor a thread's start below it is the kernel's,
+        asked about as before (the first caller outside the standard library)."""
+        first, seen = frame, False
+        while frame is not None:
+            if frame.f_code in beginnings:
+                return seen
+            seen = seen or is_answer(frame.f_code.co_filename)
+            frame = frame.f_back
+        return asked_by_answer(first)
 
     def asked_by_answer(frame, past: tuple[str, ...] = stdlib) -> bool:
         """Whether the first caller outside the standard library (or ``past``), from ``frame`` up, is the
