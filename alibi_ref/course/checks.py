@@ -325,21 +325,21 @@ _REACH_EVENTS = {
 _REACH_ATTRIBUTES = {**dict.fromkeys(["tb_frame", "gi_frame", "cr_frame", "ag_frame"],
                                      "walked the interpreter's frames"),
                      "__code__": "read or replaced a function's code"}
+# starting a process is asked of every caller, not the first outside the standard library: installed code runs
+# commands for whoever calls it (IPython's `!cmd` and `getoutput`, pexpect, setuptools' spawn), and an answer
+# that had one run the reference in another process earned full marks
+_PROCESS_EVENTS = frozenset(["subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                             "os.forkpty", "pty.spawn"])
 # what no installed code does on an answer's behalf, asked of the first caller outside the standard library
 # (os.popen starts subprocess.Popen, a thread's run() can add an audit hook), and ctypes' events
 _REACHED_THROUGH_STDLIB = {
-    **dict.fromkeys(["subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                     "os.forkpty", "pty.spawn"], "ran code in another process"),
+    **dict.fromkeys(sorted(_PROCESS_EVENTS), "ran code in another process"),
     "sys.addaudithook": "added an audit hook, which sees the guard's own events",
     "sys.setprofile": "switched the profiler off",
     "cpython.PyInterpreterState_New": "ran code in another interpreter, which has no guard",
     **dict.fromkeys(["os.kill", "os.killpg", "signal.pthread_kill"], "sent a signal"),
 }
 _STDLIB = (os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), ""), "<frozen ")  # not site-packages
-# starting a process is asked of every caller, not the first outside the standard library: installed code runs
-# commands for whoever calls it (IPython's `!cmd` and `getoutput`, pexpect, setuptools' spawn), and an answer
-# that had one run the reference in another process earned full marks
-_PROCESS_EVENTS = frozenset(event for event, what in _REACHED_THROUGH_STDLIB.items() if what.endswith("process"))
 
 
 def _start_thread(function, args, kwargs=None):
