@@ -158,6 +158,11 @@ def _grade_id(cell) -> str | None:
     return cell.metadata.get("nbgrader", {}).get("grade_id")
 
 
+def _joined(*notes: str | None) -> str:
+    """A row's notes, the empty ones left out."""
+    return "; ".join(note for note in notes if note)
+
+
 def _meta(nb, grade_id: str) -> dict:
     return next(c.metadata["nbgrader"] for c in nb.cells if _grade_id(c) == grade_id)
 
@@ -276,7 +281,7 @@ def _answers_beside_stubs(nb, release) -> list[str]:
             stop = min((k for k in graded if k > n), default=len(nb.cells))
             mine = _longest(nb, _written_by_student(nb, release, "markdown", range(start + 1, stop)))
         for k in mine:
-            nb.cells[k].metadata["nbgrader"] = cell.metadata["nbgrader"]
+            _give_metadata(nb.cells[k], cell)
             del nb.cells[n]
             moved.append(grade_id)
     return moved
@@ -369,7 +374,7 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
                      "paste keeps it); the second stays, as a cell of the student's own")
     restored = _restore_lost_metadata(nb, release)
     if restored:
-        graded = [g for g in restored if _meta(release, g).get("grade") or _meta(release, g).get("solution")]
+        graded = [g for g in restored if (meta := _meta(release, g)).get("grade") or meta.get("solution")]
         notes.append(f"gave back the grading metadata {len(restored)} cell(s) had lost"
                      + (f", the graded and answer cells among them: {', '.join(graded)}" if graded else ""))
     moved = _answers_beside_stubs(nb, release)
@@ -383,7 +388,7 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
     if put_back:
         notes.append(f"put back deleted cells: {', '.join(put_back)}")
     with _new_ids_quietly():  # a cell put back beside a student's cell with its id
-        return nbformat.writes(nb).encode(), "; ".join(notes)
+        return nbformat.writes(nb).encode(), _joined(*notes)
 
 
 def _newest_notebook(entry: Path) -> float:
@@ -460,14 +465,15 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 continue
             cleaned, note = _clean(files[handed_in], release)
             if handed_in != name:
-                note = "; ".join(filter(None, [f"graded {handed_in}.ipynb as {name}.ipynb", note]))
+                note = _joined(f"graded {handed_in}.ipynb as {name}.ipynb", note)
             if cleaned is None:
                 submission.problems[name] = ("unreadable", note)
             else:
                 submission.notebooks[name] = cleaned
                 if note:
                     submission.notes[name] = note
-        for name in notebooks if others else ():
+        if others:
             twice = f"handed in {len(others) + 1} times: graded {entry.name}, the newest, not {', '.join(others)}"
-            submission.notes[name] = "; ".join(filter(None, [twice, submission.notes.get(name)]))
+            for name in notebooks:
+                submission.notes[name] = _joined(twice, submission.notes.get(name))
     return [s for s in class_ if s.student]
