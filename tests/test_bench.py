@@ -1,6 +1,8 @@
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,23 @@ def test_a_failing_path_is_reported_not_fatal():
     rows = run([64], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa"], progress=False)
     rows.append({"path": "flex_compiled", "n": 64, "causal": False, "error": "boom"})
     assert "error: boom" in table(rows)
+
+
+def test_a_run_cut_short_leaves_the_rows_it_measured(tmp_path):
+    """A lent GPU machine's time limit stops a run midway: each row is printed and saved as it finishes."""
+    cmd = [sys.executable, "-m", "alibi_ref", "bench", "--sizes", "64", "128", "--heads", "2", "--head-dim", "8",
+           "--repeat", "1", "--paths", "plain_sdpa", "naive", "--output", str(tmp_path)]
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # as under `tee`
+    run_ = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=buffered)
+    saved = tmp_path / "bench.json"
+    deadline = time.monotonic() + 120
+    while not (saved.exists() and len(json.loads(saved.read_text())["rows"]) >= 2):
+        assert run_.poll() is None and time.monotonic() < deadline, "no row saved while the run went on"
+        time.sleep(0.2)
+    run_.kill()
+    printed, _ = run_.communicate()
+    rows = json.loads(saved.read_text())["rows"]
+    assert 2 <= len(rows) < 2 * 2 * 2, "saved as they finish, the run stopped before the end"
+    assert rows[0]["path"] == "plain_sdpa" and rows[1]["path"] == "naive" and rows[1]["ratio"] > 0
+    assert f"{rows[0]['n']:>6} {rows[0]['causal']!s:>6}     fwd plain_sdpa" in printed
+    assert not (tmp_path / "bench.png").exists(), "the plot is drawn once, at the end"

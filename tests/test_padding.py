@@ -51,23 +51,26 @@ def _left_padded(lengths, width, d_model, gen):
     return x, mask, prompts
 
 
+# float64 runs torch's math kernels, float32 its fused ones (on CUDA the memory-efficient kernel with a mask)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_a_left_padded_batch_equals_each_prompt_alone(causal):
+def test_a_left_padded_batch_equals_each_prompt_alone(causal, dtype, atol, device):
     gen = torch.Generator().manual_seed(1)
-    layer = ALiBiMultiheadAttention(16, 4, n_kv_heads=2, causal=causal, dtype=torch.float64)
+    layer = ALiBiMultiheadAttention(16, 4, n_kv_heads=2, causal=causal, dtype=torch.float64).to(device, dtype)
     x, mask, prompts = _left_padded([5, 3, 1], 5, 16, gen)
-    batched = layer(x, attention_mask=mask)
+    batched = layer(x.to(device, dtype), attention_mask=mask.to(device))
     for b, prompt in enumerate(prompts):
-        alone = layer(prompt)
-        torch.testing.assert_close(batched[b, 5 - prompt.shape[1]:], alone[0], rtol=0, atol=1e-12)
+        alone = layer(prompt.to(device, dtype))
+        torch.testing.assert_close(batched[b, 5 - prompt.shape[1]:], alone[0], rtol=0, atol=atol)
 
 
-def test_decoding_a_left_padded_batch_with_the_cache_equals_the_full_run():
+def test_decoding_a_left_padded_batch_with_the_cache_equals_the_full_run(device):
     gen = torch.Generator().manual_seed(2)
-    layer = ALiBiMultiheadAttention(16, 4, causal=True, dtype=torch.float64)
+    layer = ALiBiMultiheadAttention(16, 4, causal=True, dtype=torch.float64, device=device)
     x, mask, _ = _left_padded([4, 2], 4, 16, gen)
     step = torch.randn(2, 1, 16, generator=gen, dtype=torch.float64)
-    full_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.bool)], dim=1)
+    x, mask, step = x.to(device), mask.to(device), step.to(device)
+    full_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.bool, device=device)], dim=1)
     full = layer(torch.cat([x, step], dim=1), attention_mask=full_mask)
     _, cache = layer(x, attention_mask=mask, use_cache=True)
     decoded = layer(step, attention_mask=full_mask, past_kv=cache)
@@ -95,15 +98,17 @@ def test_bloom_left_padding_convention_gives_the_same_weights():
     torch.testing.assert_close(ours[real], bloom[real], rtol=0, atol=1e-12)
 
 
-def test_a_row_that_sees_no_key_is_zero_and_sdpa_agrees_with_naive():
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_a_row_that_sees_no_key_is_zero_and_sdpa_agrees_with_naive(dtype, atol, device):
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 2, 3, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     keep = torch.tensor([[True, True, False], [False, False, False]])
+    numpy_out = alibi_attention(q.numpy(), k.numpy(), v.numpy(), get_slopes(2), key_padding_mask=keep.numpy())
+    q, k, v, keep = (x.to(device) for x in (q.to(dtype), k.to(dtype), v.to(dtype), keep))
     outs = [alibi_attention(q, k, v, get_slopes(2), key_padding_mask=keep, impl=impl) for impl in ("naive", "sdpa")]
     assert torch.equal(outs[0][1], torch.zeros_like(outs[0][1])) and torch.isfinite(outs[1]).all()
-    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-12)
-    numpy_out = alibi_attention(q.numpy(), k.numpy(), v.numpy(), get_slopes(2), key_padding_mask=keep.numpy())
-    np.testing.assert_allclose(numpy_out, outs[0].numpy(), atol=1e-12)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=atol)
+    np.testing.assert_allclose(outs[0].cpu().double().numpy(), numpy_out, atol=atol)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -148,9 +153,9 @@ def test_alibi_bias_takes_a_dtype_and_a_device():
 # ----------------------------------------------------------------------------- attention dropout
 
 @pytest.mark.parametrize("impl", ["naive", "sdpa", "strided"])
-def test_dropout_keeps_the_output_in_expectation_and_is_reproducible(impl):
+def test_dropout_keeps_the_output_in_expectation_and_is_reproducible(impl, device):
     gen = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64).to(device) for _ in range(3))
     slopes = get_slopes(2)
     plain = alibi_attention(q, k, v, slopes, causal=True, impl=impl)
     torch.testing.assert_close(alibi_attention(q, k, v, slopes, causal=True, impl=impl, dropout_p=0.0), plain)
@@ -208,7 +213,7 @@ def _windowed_loop(q, k, v, slopes, causal, left, right):
 
 @pytest.mark.parametrize(("window", "causal"), [((2, 1), False), ((3, 0), True), ((0, 0), False),
                                                  ((-1, 2), False), ((4, None), True)])
-def test_a_sliding_window_sees_only_its_keys(window, causal):
+def test_a_sliding_window_sees_only_its_keys(window, causal, device):
     rng = np.random.default_rng(9)
     q, k, v = rng.normal(size=(3, 4, 7, 5))
     slopes = get_slopes(4)
@@ -216,9 +221,9 @@ def test_a_sliding_window_sees_only_its_keys(window, causal):
     expected = _windowed_loop(q[:, 2:], k, v, slopes, causal, left, right)  # 5 queries against 7 keys
     np.testing.assert_allclose(alibi_attention(q[:, 2:], k, v, slopes, causal=causal, window=window), expected,
                                atol=1e-12)
-    tq, tk, tv = (torch.tensor(x) for x in (q[:, 2:], k, v))
-    on_sdpa = alibi_attention(tq, tk, tv, torch.tensor(slopes), causal=causal, window=window)  # auto: sdpa
-    np.testing.assert_allclose(on_sdpa.numpy(), expected, atol=1e-12)
+    tq, tk, tv = (torch.tensor(x, device=device) for x in (q[:, 2:], k, v))
+    on_sdpa = alibi_attention(tq, tk, tv, torch.tensor(slopes, device=device), causal=causal, window=window)  # sdpa
+    np.testing.assert_allclose(on_sdpa.cpu().numpy(), expected, atol=1e-12)
 
 
 def test_a_window_refuses_the_unmaterialised_paths_and_bad_sizes():

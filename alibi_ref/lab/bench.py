@@ -102,7 +102,14 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
            "pass": "fwd+bwd" if backward else "fwd", "batch": batch}
     if plain:
         row["plain_seconds"] = statistics.median(plain_times)
-    return row if against_plain else {**row, "peak_bytes": memory.peak}
+    if not against_plain:
+        return {**row, "peak_bytes": memory.peak}
+    if dev.type == "cuda":
+        # the caching allocator's peak is exact and costs no time: one more call gives it, no second process
+        with _PeakMemory(dev) as memory:
+            seconds(fn)
+        row["peak_bytes"] = memory.peak
+    return row
 
 
 class _PeakMemory:
@@ -202,7 +209,7 @@ def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
     that weighs on each path by the number of buffers it allocates, not by its arithmetic.
     """
     timed = _fresh({**spec, "against_plain": True}, {} if default_malloc else _KEPT_MALLOC)
-    if "error" in timed:
+    if "error" in timed or "peak_bytes" in timed:  # a CUDA run reads its peak itself (measure)
         return timed
     memory = _fresh({**spec, "repeat": 1}, {"MALLOC_MMAP_THRESHOLD_": "131072"})
     return {**timed, "peak_bytes": memory.get("peak_bytes", float("nan"))}
@@ -211,24 +218,35 @@ def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
         dtype: str = "float32", default_malloc: bool = False, backward: bool = False, batch: int = 1) -> list[dict]:
-    """Every path at every size, both masks; with ``backward`` a forward+backward row beside each forward one."""
+    """Every path at every size, both masks; with ``backward`` a forward+backward row beside each forward one.
+
+    Each row is printed (with ``progress``) and bench.json rewritten as it finishes, so that a run cut
+    short (a time limit on a lent machine) still leaves what it measured; the plot comes at the end.
+    """
     from tqdm import tqdm
 
     passes = (False, True) if backward else (False,)
     jobs = [(n, causal, path, bwd) for n in sizes for causal in (False, True) for bwd in passes for path in paths]
+    settings = {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim, "repeat": repeat,
+                "keep_denormals": keep_denormals, "default_malloc": default_malloc, "backward": backward,
+                "batch": batch}
     rows = []
-    for n, causal, path, bwd in tqdm(jobs, desc="bench", disable=None if progress else True):
+    bar = tqdm(jobs, desc="bench", disable=None if progress else True)
+    for n, causal, path, bwd in bar:
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
                 "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
                 "dtype": dtype, "backward": bwd, "batch": batch}
-        rows.append(measure_in_fresh_process(spec, default_malloc))
-    for r in rows:
-        if "seconds" in r:
-            r["ratio"] = r["seconds"] / r.get("plain_seconds", r["seconds"])
+        row = measure_in_fresh_process(spec, default_malloc)
+        if "seconds" in row:
+            row["ratio"] = row["seconds"] / row.get("plain_seconds", row["seconds"])
+        rows.append(row)
+        if progress:
+            bar.write(table([row]).splitlines()[-1])
+            sys.stdout.flush()  # a run killed at a time limit has printed what it measured
+        if output is not None:
+            write(rows, Path(output), settings, plot=False)
     if output is not None:
-        write(rows, Path(output), {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim,
-                                   "repeat": repeat, "keep_denormals": keep_denormals,
-                                   "default_malloc": default_malloc, "backward": backward, "batch": batch})
+        write(rows, Path(output), settings)
     return rows
 
 
@@ -245,11 +263,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write(rows: list[dict], output: Path, settings: dict) -> None:
+def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> None:
     from matplotlib.figure import Figure
 
     output.mkdir(parents=True, exist_ok=True)
-    (output / "bench.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    partial = output / "bench.json.partial"  # replaced whole: a reader never sees half a file
+    partial.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    partial.replace(output / "bench.json")
+    if not plot:
+        return
     fig = Figure(figsize=(11, 4), layout="constrained")
     ax_time, ax_mem = fig.subplots(1, 2)
     for index, path in enumerate(dict.fromkeys(r["path"] for r in rows)):  # a colour per path, a line style per mask
