@@ -257,6 +257,13 @@ def honest_but_unusual() -> dict:
         "    if causal:\n"
         "        bias = bias.masked_fill(j > i, float('-inf'))\n"
         "    return bias.to(slopes.dtype)\n"))
+    # the text says FlexAttention fuses the score_mod under torch.compile: tried in a cell of the student's own
+    # (inductor starts a C++ compiler, which grading refuses for a cell: compiled code runs eagerly there)
+    flex_demo = next(c for c in nbs["07_pytorch"].cells if "your score_mod inside FlexAttention" in c.source)
+    nbs["07_pytorch"].cells.insert(nbs["07_pytorch"].cells.index(flex_demo) + 1, nbformat.v4.new_code_cell(
+        "compiled_flex = torch.compile(flex_attention)\n"
+        "out = compiled_flex(q, k, v, score_mod=alibi_score_mod(slopes4, causal=True))\n"
+        "print('compiled:', (out - sdpa_alibi(q, k, v, slopes4, causal=True)).abs().max().item())", id="own-compiled"))
     answer(nbs["09_train_short_test_long"], "read_results", (
         "def read_results(results):\n"
         "    L = results['settings']['context']\n"

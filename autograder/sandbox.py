@@ -259,6 +259,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         await super()._async_wait(pollinterval=pollinterval)
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
+        write_startup(self.scratch)
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
             from .zygote import ZygoteProcess
 
@@ -277,6 +278,32 @@ class SandboxedKernelManager(AsyncKernelManager):
 
 # JAX's compilation cache, in the kernel's scratch folder (compile_cache.py lends it a copy of the course's)
 JAX_CACHE = ".jax_cache"
+
+# Run by IPython in every kernel before its first cell (a startup file in the kernel's IPYTHONDIR)
+STARTUP = '''\
+# Written by the autograder (autograder/sandbox.py): code compiled with torch.compile runs as the
+# Python it was traced from while grading. Inductor would start a C++ compiler (Triton's on a GPU), a
+# process that the checks refuse to start for a cell when grading, and an honest compiled call failed.
+def _compiled_code_runs_eagerly():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if hasattr(torch.compiler, "set_stance"):  # torch >= 2.6
+            torch.compiler.set_stance("force_eager")
+
+
+_compiled_code_runs_eagerly()
+del _compiled_code_runs_eagerly
+'''
+
+
+def write_startup(scratch: Path) -> None:
+    """``STARTUP`` where the kernel's IPython reads its startup files (``kernel_env``'s IPYTHONDIR)."""
+    folder = scratch / ".ipython" / "profile_default" / "startup"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "00-grading.py").write_text(STARTUP)
 
 
 def kernel_env(scratch: Path, secret: str = "") -> dict:

@@ -85,6 +85,9 @@ def test_reasons_say_what_happened(graded_sample_class):
     zed = reasons["zed", "10_jax_flax"]  # the reference compiled before the check is traced again inside it
     assert "test_alibi_bias_jax (CheckFailed: alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's " \
            "example, under jax.jit: calls alibi_ref.bias.alibi_bias from the reference module" in zed
+    # quinn's own torch.compile call ran (eagerly: grading refuses the compiler's process), and printed
+    quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
+    assert "compiled: " in quinn and "InductorError" not in quinn
     # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
     feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
     assert "walked the interpreter's objects (gc.get_objects)" in feedback
