@@ -122,9 +122,24 @@ def _plain_name(stem: str) -> str:
     return stem
 
 
+def _decoded(raw: bytes) -> tuple[str, str]:
+    """The notebook's text, and a note where it was not plain UTF-8. Jupyter writes UTF-8; a notebook edited
+    on Windows comes back with a byte-order mark (Notepad, PowerShell's Set-Content), as UTF-16 (PowerShell's
+    ``>``) or in the Windows code page, none of which Jupyter or nbgrader reads: the answers are in it all the
+    same."""
+    encoding = json.detect_encoding(raw)  # JSON's own rule: a byte-order mark, or where the zero bytes are
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError:
+        return raw.decode("cp1252", errors="replace"), "read in the Windows code page (cp1252): it was not UTF-8"
+    if encoding == "utf-8":
+        return text, ""
+    return text, f"read as {'UTF-8 with a byte-order mark' if encoding == 'utf-8-sig' else encoding.upper()}"
+
+
 def _grade_ids_in(raw: bytes) -> set[str]:
     try:
-        cells = json.loads(raw).get("cells", [])
+        cells = json.loads(_decoded(raw)[0]).get("cells", [])
         return {str(c["metadata"]["nbgrader"]["grade_id"]) for c in cells
                 if isinstance(c, dict) and "grade_id" in c.get("metadata", {}).get("nbgrader", {})}
     except (ValueError, AttributeError, TypeError):
@@ -328,7 +343,7 @@ def _without_outputs(raw: bytes) -> tuple[bytes, str]:
     """A notebook past MAX_NOTEBOOK_BYTES without its outputs and saved widget state, which grading does not
     read (it runs every cell again): a printing loop or many plots made honest notebooks that large."""
     try:
-        nb = json.loads(raw)
+        nb = json.loads(_decoded(raw)[0])
         for cell in nb["cells"]:
             if "outputs" in cell:
                 cell["outputs"], cell["execution_count"] = [], None
@@ -350,11 +365,13 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
         notes += [cleared] if cleared else []
         if len(raw) > MAX_NOTEBOOK_BYTES:
             return None, f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB without its outputs"
+    text, read_as = _decoded(raw)
+    notes += [read_as] if read_as else []
     try:
         with _new_ids_quietly():
-            nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+            nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except json.JSONDecodeError as err:
         return None, f"not a notebook: the file is not valid JSON ({err})"
     except Exception as err:  # nbformat's ValidationError and friends
         return None, f"not a valid notebook: {str(err).splitlines()[0]}"

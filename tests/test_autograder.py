@@ -613,6 +613,35 @@ def test_a_notebook_too_large_for_grading_loses_its_outputs_not_its_points(tmp_p
     assert found["huge"].problems[name] == ("unreadable", "larger than 4 MiB (5 MiB)")
 
 
+def test_a_notebook_saved_on_windows_is_read_in_its_encoding(tmp_path):
+    """Notepad and PowerShell save a notebook with a byte-order mark, as UTF-16 or in the Windows code page;
+    Jupyter and nbgrader read none of them (before: unreadable, 0 points). The answers are graded as written,
+    found under another name too, and the row says how the file was read."""
+    from autograder.make_sample_class import cell, filled
+
+    names = ["01_slopes_and_bias", "02_worked_example", "03_slope_zero"]
+    nbs = {name: filled(name) for name in names}
+    cell(nbs[names[1]], "sat_answer").source = "Sat looks at \u201ccat\u201d most: caf\u00e9 math, 1/2 \u00b7 2"
+    folder = tmp_path / "win"
+    folder.mkdir()
+    for name, encoding in zip(names, ["utf-8-sig", "cp1252", "utf-16"], strict=True):
+        text = nbformat.writes(nbs[name]).replace("\n", "\r\n")
+        (folder / f"{'Copy of ' if encoding == 'utf-16' else ''}{name}.ipynb").write_bytes(text.encode(encoding))
+    (folder / "junk.ipynb").write_bytes(bytes(range(256)) * 4)  # not a notebook in any encoding
+    (submission,) = collect(tmp_path, {name: RELEASE / f"{name}.ipynb" for name in [*names, "04_causal"]})
+    assert sorted(submission.notebooks) == names
+    for name in names:
+        graded = nbformat.reads(submission.notebooks[name].decode("utf-8"), as_version=4)
+        for c in nbs[name].cells:
+            if c.metadata.get("nbgrader", {}).get("solution"):
+                assert cell(graded, c.metadata.nbgrader.grade_id).source == c.source, (name, c.source[:40])
+    assert submission.notes[names[0]] == "read as UTF-8 with a byte-order mark"
+    assert submission.notes[names[1]] == "read in the Windows code page (cp1252): it was not UTF-8"
+    assert "read as UTF-16" in submission.notes[names[2]] and "graded Copy of 03_slope_zero.ipynb" in (
+        submission.notes[names[2]])
+    assert "junk.ipynb" in submission.notes["04_causal"]
+
+
 def _collected(tmp_path, nb, name="02_worked_example"):
     """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
     folder = tmp_path / "student"
