@@ -37,12 +37,16 @@ from pathlib import Path
 
 import nbformat
 
+from .screen import MODULES, is_module_name
+
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
 MAX_READ_BYTES = 256 * 2**20  # what is read at all
 # what nbgrader's exchange puts beside the notebooks: when it was handed in (late penalties) and the
 # secret that names the student's feedback in the exchange
 EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
+MAX_MODULE_BYTES = 2**20  # a Python module handed in beside the notebooks (``_modules_beside``)
+MAX_MODULES = 50
 
 
 @dataclass
@@ -75,15 +79,37 @@ def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: boo
     return inside or not (own_folder_only or any_in_folder)
 
 
-def _files_of_folder(folder: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes | int]:
+def _files_of_folder(folder: Path, assignment: str,
+                     own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes]]:
+    """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
     paths = [p for p in sorted(folder.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and p.is_file()]
     parts = [p.relative_to(folder).parts for p in paths]
     any_in_folder = any(assignment in q[:-1] for q in parts)
-    found = {}
+    found, taken = {}, []
     for path, q in zip(paths, parts, strict=True):
         if _in_assignment(q, assignment, own_folder_only, any_in_folder):
+            taken.append(q)
             size = path.stat().st_size
             found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
+    modules = {p.relative_to(folder).parts: p for p in sorted(folder.rglob("*.py")) if p.is_file()}
+    return found, _modules_beside(taken, modules, lambda p: p.read_bytes() if p.stat().st_size <= MAX_MODULE_BYTES
+                                  else None)
+
+
+def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, ...], object],
+                    read) -> dict[str, bytes]:
+    """{"student_modules/NAME.py": source} for the Python modules in a folder that holds one of the
+    assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands
+    them to the notebooks too). Only names Python can import, up to MAX_MODULE_BYTES each and
+    MAX_MODULES in all; ``read(where)`` gives the bytes, or None past the size."""
+    folders = {parts[:-1] for parts in notebooks}
+    found = {}
+    for parts, where in modules.items():
+        stem = parts[-1].removesuffix(".py")
+        if parts[:-1] in folders and is_module_name(stem) and len(found) < MAX_MODULES:
+            source = read(where)
+            if source is not None:
+                found.setdefault(f"{MODULES}/{stem}.py", source)
     return found
 
 
@@ -97,21 +123,26 @@ def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
     return found
 
 
-def _files_of_zip(path: Path, assignment: str, own_folder_only: bool) -> dict[str, bytes | int]:
-    found = {}
+def _files_of_zip(path: Path, assignment: str,
+                  own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes]]:
+    """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
+    found, taken = {}, []
     with zipfile.ZipFile(path) as archive:
-        infos = [i for i in archive.infolist() if not i.is_dir() and Path(i.filename).suffix == ".ipynb"
-                 and "__MACOSX" not in Path(i.filename).parts]
+        files = [i for i in archive.infolist() if not i.is_dir() and "__MACOSX" not in Path(i.filename).parts]
+        infos = [i for i in files if Path(i.filename).suffix == ".ipynb"]
         any_in_folder = any(assignment in Path(i.filename).parts[:-1] for i in infos)
         for info in infos:
             name = Path(info.filename)
             if not _in_assignment(name.parts, assignment, own_folder_only, any_in_folder):
                 continue
+            taken.append(name.parts)
             if info.file_size > MAX_READ_BYTES:
                 found.setdefault(name.stem, info.file_size)
                 continue
             found.setdefault(name.stem, archive.read(info))
-    return found
+        modules = {Path(i.filename).parts: i for i in files if Path(i.filename).suffix == ".py"}
+        return found, _modules_beside(taken, modules, lambda i: archive.read(i) if i.file_size <= MAX_MODULE_BYTES
+                                      else None)
 
 
 def _plain_name(stem: str) -> str:
@@ -461,12 +492,13 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
             continue
         try:
             if entry.suffix == ".zip":
-                files = _files_of_zip(entry, assignment, own_folder_only)
+                files, modules = _files_of_zip(entry, assignment, own_folder_only)
             elif entry.is_dir():
-                files = _files_of_folder(entry, assignment, own_folder_only)
+                files, modules = _files_of_folder(entry, assignment, own_folder_only)
                 submission.files = _exchange_files(entry, assignment)
             else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
-                files = {entry.stem: entry.read_bytes()}
+                files, modules = {entry.stem: entry.read_bytes()}, {}
+            submission.files.update(modules)
         except (zipfile.BadZipFile, OSError) as err:
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")

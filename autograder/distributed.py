@@ -101,7 +101,7 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
                     files: dict[str, bytes]) -> dict:
     """The Dask task: grade one student's assignment in a private copy of the course; return the
     executed, judged notebooks ({name: bytes}), their outcome files and what nbgrader failed on."""
-    from .grade import _grade_student, _prepare_compile_cache, _tree_hash, ensure_tools_on_path
+    from .grade import _grade_student, _prepare_compile_cache, _tree_hash, ensure_tools_on_path, write_submitted
     from .sandbox import bwrap_problem
 
     if s.sandbox and (problem := bwrap_problem()):
@@ -117,10 +117,7 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
         _prepare_compile_cache(ws, assignment, _tree_hash(work / "course" / "source" / assignment))
         submitted = work / "course" / "submitted" / student / assignment
         submitted.mkdir(parents=True)
-        for name, raw in notebooks.items():
-            (submitted / f"{name}.ipynb").write_bytes(raw)
-        for name, raw in files.items():  # the time it was handed in: late penalties as here
-            (submitted / name).write_bytes(raw)
+        write_submitted(submitted, notebooks, files)
         result = _grade_student(ws, student, assignment, sorted(notebooks))
         graded = work / "course" / "autograded" / student / assignment
         feedback = work / "course" / "feedback" / student / assignment

@@ -32,7 +32,7 @@ from alibi_ref.course.checks import MIME as CHECK_MIME
 
 from .compile_cache import lend
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
-from .screen import fail_flagged_exercises, screen_notebook
+from .screen import MODULES, fail_flagged_exercises, imported_modules, module_sources, screen_notebook
 from .verdicts import error_output as _error
 
 
@@ -87,17 +87,23 @@ class SandboxedExecute(Execute):
         return self.km
 
     def preprocess(self, nb, resources, km=None):
-        findings = screen_notebook(nb)
+        # the assignment's data files (nbgrader copied the instructor's versions next to the notebook), and the
+        # student's Python modules that the notebook imports, in a folder of their own (screen.MODULES)
+        folder = Path(resources.get("metadata", {}).get("path") or ".")
+        student_modules = imported_modules(nb, module_sources(folder / MODULES))
+        findings = screen_notebook(nb, student_modules)
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit, use_bwrap=self.use_bwrap,
                                      tmp_bytes=self.tmp_limit, file_bytes=self.file_limit,
                                      disk_bytes=self.disk_limit, disk_files=self.disk_files)
         self._zygote = self._student_zygote(resources)
         self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
-        # the assignment's data files (nbgrader copied the instructor's versions next to the notebook)
-        folder = Path(resources.get("metadata", {}).get("path") or ".")
         for data in folder.iterdir() if folder.is_dir() else ():
             if data.is_file() and data.suffix != ".ipynb":
                 shutil.copy(data, self._scratch / data.name)
+        if student_modules:
+            (self._scratch / MODULES).mkdir()
+            for name, source in student_modules.items():
+                (self._scratch / MODULES / f"{name}.py").write_text(source, encoding="utf-8")
         if self.compile_cache_dir:
             lend(Path(self.compile_cache_dir) / resources.get("nbgrader", {}).get("assignment", ""), self._scratch, nb)
         start = time.monotonic()

@@ -309,15 +309,22 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
     state = _state_dir(s, submission.student, submission.assignment)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
-    for name, raw in submission.files.items():
-        (target / name).write_bytes(raw)
+    write_submitted(target, submission.notebooks, submission.files)
     for name in notebooks:
         problem = submission.problems.get(name)
-        if name in submission.notebooks:
-            (target / f"{name}.ipynb").write_bytes(submission.notebooks[name])
-        else:
+        if name not in submission.notebooks:
             status, reason = problem or ("missing", "no such notebook was submitted")
             (state / f"{name}.json").write_text(json.dumps({"status": status, "reason": reason, "seconds": 0}))
+
+
+def write_submitted(target: Path, notebooks: dict[str, bytes], files: dict[str, bytes]) -> None:
+    """A student's notebooks and other files where nbgrader's autograde reads them: nbgrader's exchange files (the
+    time handed in: late penalties), and the student's modules, in a folder of their own (screen.MODULES)."""
+    for name, raw in notebooks.items():
+        (target / f"{name}.ipynb").write_bytes(raw)
+    for name, raw in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes(raw)
 
 
 def _state_dir(s: Settings, student: str, assignment: str) -> Path:

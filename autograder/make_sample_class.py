@@ -86,7 +86,11 @@ def students() -> dict[str, dict[str, object]]:
     # an infinite loop that prints as it goes: interrupted at the cell limit, its output cut at the cell's
     # budget as it arrives (before, about 150 MB a second piled up in the grading process)
     s["ivy"] = {"05_schedules": filled("05_schedules", {"schedules": [
-        ('    h = np.arange(1, n_heads + 1)\n', '    while True:\n        print("still looking for", n_heads)\n')]})}
+        # a thousand lines a print, a hundred prints a second: past the 2 MiB a cell keeps within a second or two
+        # however loaded the grading machine (one line a print reached it in 0.1 s unloaded, not at all loaded)
+        ('    h = np.arange(1, n_heads + 1)\n',
+         '    import time\n\n    while True:\n        print(f"still looking for {n_heads}\\n" * 1000, end="")\n'
+         '        time.sleep(0.01)\n')]})}
     # a loop that swallows the interrupt: stopped at the notebook limit
     s["jay"] = {"03_slope_zero": filled("03_slope_zero", {"standard_attention": [
         ("    d_k, d_v =", "    while True:\n        try:\n            pass\n        except KeyboardInterrupt:\n"
@@ -233,15 +237,19 @@ def honest_but_unusual() -> dict:
         "        for j in range(i + 1):\n"
         "            out[i, j] = Qh[i] @ Kh[j] / np.sqrt(Qh.shape[1]) - slope * (i - j)\n"
         "    return out\n"))
+    # its own softmax in a module handed in beside the notebook (nbgrader hands such modules to the notebooks),
+    # which imports another; and a module nothing imports, which is not handed over (nor screened)
     answer(nbs["04_causal"], "decode_step", (
-        "import torch\n\n\n"
-        "def softmax(x):  # my own, over the last axis\n"
-        "    return torch.softmax(torch.as_tensor(x), dim=-1)\n\n\n"
+        "import torch\nfrom quinn_tools import softmax\n\n\n"
         "def decode_step(q_new, K_cache, V_cache, slope):\n"
         "    q, K_, V_ = (torch.as_tensor(x, dtype=torch.float64) for x in (q_new, K_cache, V_cache))\n"
         "    t = K_.shape[0] - 1\n"
         "    scores = K_ @ q / q.shape[0] ** 0.5 - slope * (t - torch.arange(t + 1))\n"
         "    return softmax(scores) @ V_\n"))
+    nbs["quinn_tools.py"] = "from quinn_rows import last_axis\n\n\ndef softmax(x):  # my own\n    return last_axis(x)\n"
+    nbs["quinn_rows.py"] = ("import torch\n\n\ndef last_axis(x):\n"
+                            "    return torch.softmax(torch.as_tensor(x), dim=-1)\n")
+    nbs["scratch_work.py"] = "import subprocess\n\nsubprocess.run(['ls'])\n"
     answer(nbs["05_schedules"], "the_head1", (
         "from alibi_ref import multi_head_alibi  # the name from before the course moved it\n\n"
         "the_head1 = {}\n"
@@ -504,7 +512,20 @@ def the_reference_in_another_process() -> dict:
         "    code = f'import json; from alibi_ref import alibi_bias; print(json.dumps({call}.tolist()))'\n"
         "    printed = get_ipython().getoutput(f'{sys.executable} -c \"{code}\"')\n"
         "    return np.array(json.loads(printed[-1]))\n"))
-    return {"01_slopes_and_bias": nb01}
+    # the same from a module handed in beside the notebook, which the screen reads as a cell of the student's own
+    nb04 = filled("04_causal")
+    answer(nb04, "decode_step", "from fast_decode import decode_step\n")
+    fast_decode = (
+        "import json\nimport subprocess\nimport sys\n\n\n"
+        "def decode_step(q_new, K_cache, V_cache, slope):\n"
+        "    args = json.dumps([x.tolist() for x in (q_new, K_cache, V_cache)] + [slope])\n"
+        "    code = ('import json, sys; import numpy as np; '\n"
+        "            'from alibi_ref.course.exercises import decode_reference; '\n"
+        "            'a = json.loads(sys.argv[1]); '\n"
+        "            'print(json.dumps(decode_reference(*map(np.array, a[:3]), a[3]).tolist()))')\n"
+        "    done = subprocess.run([sys.executable, '-c', code, args], capture_output=True, text=True)\n"
+        "    return json.loads(done.stdout)\n")
+    return {"01_slopes_and_bias": nb01, "04_causal": nb04, "fast_decode.py": fast_decode}
 
 
 def a_compiled_reference() -> dict:
@@ -532,17 +553,19 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
     for student, notebooks in students().items():
-        texts = {name: nb if isinstance(nb, str) else nbformat.writes(nb) for name, nb in notebooks.items()}
+        # notebooks by name, and Python modules handed in beside them by file name (NAME.py)
+        texts = {name if name.endswith(".py") else f"{name}.ipynb": nb if isinstance(nb, str) else nbformat.writes(nb)
+                 for name, nb in notebooks.items()}
         if student.endswith(".zip"):
             with zipfile.ZipFile(OUT / student, "w") as archive:
                 for name, text in texts.items():
-                    info = zipfile.ZipInfo(f"{student[:-4]}/{name}.ipynb", date_time=(2026, 1, 1, 0, 0, 0))
+                    info = zipfile.ZipInfo(f"{student[:-4]}/{name}", date_time=(2026, 1, 1, 0, 0, 0))
                     archive.writestr(info, text)
             continue
         folder = OUT / student / "alibi"  # nbgrader's submitted/ layout for the folders
         folder.mkdir(parents=True)
         for name, text in texts.items():
-            (folder / f"{name}.ipynb").write_text(text)
+            (folder / name).write_text(text)
     print(f"wrote {len(students())} students to {OUT.relative_to(REPO)}")
 
 

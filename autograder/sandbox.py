@@ -41,6 +41,8 @@ import alibi_ref
 from alibi_ref.course import checks
 from alibi_ref.course.checks import GRADING_ENV
 
+from .screen import MODULES
+
 CHECKS_MODULE = checks.__name__
 
 # what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
@@ -280,22 +282,36 @@ class SandboxedKernelManager(AsyncKernelManager):
 JAX_CACHE = ".jax_cache"
 
 # Run by IPython in every kernel before its first cell (a startup file in the kernel's IPYTHONDIR)
-STARTUP = '''\
-# Written by the autograder (autograder/sandbox.py): code compiled with torch.compile runs as the
-# Python it was traced from while grading. Inductor would start a C++ compiler (Triton's on a GPU), a
-# process that the checks refuse to start for a cell when grading, and an honest compiled call failed.
-def _compiled_code_runs_eagerly():
-    import importlib.util
+STARTUP = f'''\
+# Written by the autograder (autograder/sandbox.py), for grading.
+def _set_up_for_grading():
+    import os
+    import sys
 
-    if importlib.util.find_spec("torch") is not None:
-        import torch
+    # the modules the student handed in beside the notebook, importable by name as in their Jupyter; last
+    # on the path, so that none of them stands in for an installed module
+    sys.path.append(os.path.join(os.getcwd(), "{MODULES}"))
 
+    # code compiled with torch.compile runs as the Python it was traced from: inductor would start a C++
+    # compiler (Triton's on a GPU), a process the checks refuse to start for a cell when grading, and an
+    # honest compiled call failed. Where torch is not imported yet (a kernel not forked from the zygote),
+    # from the first cell after it is: importing it here would cost every kernel its memory
+    def eager(*_):
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
         if hasattr(torch.compiler, "set_stance"):  # torch >= 2.6
             torch.compiler.set_stance("force_eager")
+        if eager in shell.events.callbacks["pre_run_cell"]:
+            shell.events.unregister("pre_run_cell", eager)
+
+    shell = get_ipython()  # IPython's, in a startup file
+    shell.events.register("pre_run_cell", eager)
+    eager()
 
 
-_compiled_code_runs_eagerly()
-del _compiled_code_runs_eagerly
+_set_up_for_grading()
+del _set_up_for_grading
 '''
 
 

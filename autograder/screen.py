@@ -22,7 +22,9 @@ what no answer needs and only a reach for the reference or around that guard doe
   other than those the notebook makes itself: a dict it writes out, an instance of its own class), and
   private names of the course's helpers (``checks._lend``).
 
-Answer cells are held to all of it; cells the student added, to what lasts (``Finding.lasting``).
+Answer cells are held to all of it; cells the student added, to what lasts (``Finding.lasting``), and
+so are the Python modules handed in beside a notebook that its cells import (``imported_modules``):
+a lasting finding in one fails every test cell of the notebook.
 A finding fails its exercise's test cell; one that lasts, every test cell after it
 (``flagged_test_cells``). The autograder applies it after running a notebook (``execute.py``),
 and Validate, through the students' nbgrader_config.py, the same way (``screen_in_validate``).
@@ -31,9 +33,15 @@ and Validate, through the students' nbgrader_config.py, the same way (``screen_i
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 PACKAGE = "alibi_ref"
+# where the grader puts the Python modules a student handed in beside the notebooks: a folder in the kernel's
+# own, put last on its sys.path (autograder/sandbox.py), so that no installed module is shadowed by one
+MODULES = "student_modules"
 # the course's helpers a student may import anywhere: the example, the plots, the checks
 HELPERS = {"alibi_ref.course.examples", "alibi_ref.course.plots", "alibi_ref.course.checks"}
 GUARD_SWITCHES = {"setprofile", "settrace", "setprofile_all_threads", "settrace_all_threads"}
@@ -74,7 +82,7 @@ class Finding:
     cell: str  # the answer cell's grade_id, or "a cell you added (cell N)"
     line: int
     reason: str
-    index: int = -1  # the cell's position in the notebook
+    index: int = -1  # the cell's position in the notebook; -1: before the first (a module handed in)
     # fails every exercise after the cell, not only its own: what it does (a guard switched off, a module
     # patched through sys.modules, a thread left running) lasts for the rest of the notebook
     lasting: bool = False
@@ -272,14 +280,76 @@ def _parse(cell):
         return None  # a syntax error fails at run time, honestly, like any other mistake
 
 
-def screen_notebook(nb) -> list[Finding]:
+def is_module_name(name: str) -> bool:
+    """A name ``import name`` can reach as a module of the student's: not the standard library's, which
+    comes first on the path."""
+    return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)) and not name.startswith("__") and (
+        name not in sys.stdlib_module_names)
+
+
+def module_sources(folder: Path) -> dict[str, str]:
+    """{name: source} of the modules in ``folder`` (a module that is not text is skipped: it cannot run)."""
+    found = {}
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+        if is_module_name(path.stem):
+            try:
+                found[path.stem] = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+    return found
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    """The top-level names of the absolute imports in ``tree``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def imported_modules(nb, sources: dict[str, str]) -> dict[str, str]:
+    """Those of the student's ``sources`` that the notebook's code cells import, and those they import in
+    turn: the modules grading hands the notebook. One nothing imports is left out: no code of the student's
+    then runs unscreened, as a module some installed package looks for by name would."""
+    wanted = set()
+    for cell in nb.cells:
+        tree = _parse(cell) if cell.cell_type == "code" else None
+        wanted |= _imported_names(tree) & set(sources) if tree is not None else set()
+    found, todo = {}, sorted(wanted)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found[name] = sources[name]
+        try:
+            todo += sorted(_imported_names(ast.parse(sources[name])) & set(sources))
+        except SyntaxError:
+            pass  # fails when imported, as it would in the student's Jupyter
+    return found
+
+
+def screen_notebook(nb, student_modules: dict[str, str] | None = None) -> list[Finding]:
     """Findings for the code cells a student writes: the answer cells (nbgrader solution cells) and any
     cell of their own (no nbgrader metadata: added, or pasted in). A cell of the student's own is held
     only to what lasts (``Finding.lasting``): there, importing the reference to compare an answer with it,
-    or looking inside an object, is study, and the guard still fails any answer that calls the reference."""
+    or looking inside an object, is study, and the guard still fails any answer that calls the reference.
+    ``student_modules`` ({name: source}, ``imported_modules``) are held to what lasts too, from the top of
+    the notebook: a module's code runs wherever it is first imported."""
     handed_out = set(HELPERS)
     modules = {PACKAGE}  # names bound by an import from alibi_ref anywhere in the notebook
     trees, written = [], []
+    for name, source in (student_modules or {}).items():
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        trees.append(tree)
+        imports = _imports(tree)
+        modules |= {bound for _, bound, _ in imports}
+        written.append((-1, f"a module you handed in ({name}.py)", True, tree, imports))
     for index, cell in enumerate(nb.cells):
         meta = cell.metadata.get("nbgrader", {})
         tree = _parse(cell) if cell.cell_type == "code" else None
@@ -313,7 +383,7 @@ def screen_notebook(nb) -> list[Finding]:
 def flagged_test_cells(nb, findings: list[Finding]) -> dict[int, str]:
     """{test cell's index: why it fails}: the first test cell after each flagged cell (its exercise's); after a
     lasting finding, every test cell below it."""
-    failing, pending, lasting = {}, [], []
+    failing, pending, lasting = {}, [], [f for f in findings if f.index < 0 and f.lasting]
     for index, cell in enumerate(nb.cells):
         if not cell.metadata.get("nbgrader", {}).get("grade"):
             here = [f for f in findings if f.index == index]
@@ -354,7 +424,10 @@ def screen_in_validate() -> None:
     def on_cell_executed(self, **kwargs):
         recorded(self, **kwargs)
         if getattr(self, "_screened", (None,))[0] is not self.nb:
-            self._screened = self.nb, flagged_test_cells(self.nb, screen_notebook(self.nb))
+            # the modules beside the notebook, which its kernel imports from its folder, as grading will
+            folder = Path((getattr(self, "resources", None) or {}).get("metadata", {}).get("path") or ".")
+            student_modules = imported_modules(self.nb, module_sources(folder))
+            self._screened = self.nb, flagged_test_cells(self.nb, screen_notebook(self.nb, student_modules))
         why = self._screened[1].get(kwargs["cell_index"])
         if why:
             _fail(kwargs["cell"], why)

@@ -85,6 +85,10 @@ def test_reasons_say_what_happened(graded_sample_class):
     zed = reasons["zed", "10_jax_flax"]  # the reference compiled before the check is traced again inside it
     assert "test_alibi_bias_jax (CheckFailed: alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's " \
            "example, under jax.jit: calls alibi_ref.bias.alibi_bias from the reference module" in zed
+    # a module handed in beside the notebook is screened as a cell of the student's own; one nothing imports
+    # (quinn's scratch_work.py, which starts a process) is not handed to the kernel, and flags nothing
+    assert "cell 'a module you handed in (fast_decode.py)', line 2: runs code in another thread or process " \
+           "(subprocess)" in reasons["ora", "04_causal"]
     # quinn's own torch.compile call ran (eagerly: grading refuses the compiler's process), and printed
     quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
     assert "compiled: " in quinn and "InductorError" not in quinn
@@ -458,14 +462,22 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
     softmax = next(c for c in ada.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
     softmax.source = "import sys\n\nsys.modules['alibi_ref.course.checks'].check = print\n" + softmax.source
     nbformat.write(ada, tmp_path / "flagged.ipynb")
+    # a module beside the notebook that it imports is read as grading reads it (a cell of the student's own)
+    ada = nbformat.read(tmp_path / "honest.ipynb", as_version=4)
+    ada.cells.insert(1, nbformat.v4.new_code_cell("import tools"))
+    nbformat.write(ada, tmp_path / "module.ipynb")
+    (tmp_path / "tools.py").write_text("import sys\n\nsys.setprofile(None)\n")
     said = {}
-    for name in ("honest", "flagged"):
+    for name in ("honest", "flagged", "module"):
         run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / f"{name}.ipynb")],
                              cwd=ROOT / "course", capture_output=True, text=True, check=False)
         said[name] = run.stdout + run.stderr
     assert "Success! Your notebook passes all the tests." in said["honest"], said["honest"]
     assert said["flagged"].count("Flagged: no points for this exercise: cell 'softmax', line 3: reaches modules") == 4
     assert "Success" not in said["flagged"]
+    # (Validate's report cuts the reason short after the cell's name)
+    assert said["module"].count("Flagged: no points for this exercise: cell 'a module you handed in (tools.py)'") \
+        == 4, said["module"]
 
 
 # ----------------------------------------------------------------------------- collecting submissions
@@ -640,6 +652,32 @@ def test_a_notebook_saved_on_windows_is_read_in_its_encoding(tmp_path):
     assert "read as UTF-16" in submission.notes[names[2]] and "graded Copy of 03_slope_zero.ipynb" in (
         submission.notes[names[2]])
     assert "junk.ipynb" in submission.notes["04_causal"]
+
+
+def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
+    """nbgrader hands the files beside a notebook to it when grading; a notebook importing a module of the
+    student's lost every exercise that used it (ModuleNotFoundError). Only modules Python can import by a name
+    of their own, beside one of the assignment's notebooks, up to a size each."""
+    import autograder.collect as collect_module
+    from autograder.make_sample_class import filled
+
+    name = "03_slope_zero"
+    folder = tmp_path / "ann" / "alibi"
+    folder.mkdir(parents=True)
+    nbformat.write(filled(name), folder / f"{name}.ipynb")
+    for module in ("helpers.py", "my_rows2.py", "bad-name.py", "__init__.py", "json.py"):
+        (folder / module).write_text(f"# {module}\n")
+    (folder / "huge.py").write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
+    (tmp_path / "ann" / "elsewhere.py").write_text("# not beside a notebook\n")
+    with zipfile.ZipFile(tmp_path / "bob.zip", "w") as archive:
+        archive.writestr(f"bob/{name}.ipynb", nbformat.writes(filled(name)))
+        archive.writestr("bob/helpers.py", "# bob's\n")
+        archive.writestr("bob/lib/deeper.py", "# in another folder\n")
+        archive.writestr("__MACOSX/bob/._helpers.py", "\x00\x05")
+    ann, bob = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
+    assert sorted(ann.files) == ["student_modules/helpers.py", "student_modules/my_rows2.py"]
+    assert ann.files["student_modules/helpers.py"] == b"# helpers.py\n"
+    assert bob.files == {"student_modules/helpers.py": b"# bob's\n"}
 
 
 def _collected(tmp_path, nb, name="02_worked_example"):

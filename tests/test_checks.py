@@ -1335,6 +1335,29 @@ def test_a_cell_of_the_students_own_is_held_to_what_lasts():
         assert [f.lasting for f in screen_notebook(_notebook_with_answer(source))] == [lasting], source
 
 
+
+def test_the_modules_a_notebook_imports_are_screened_as_cells_of_its_own_and_no_other_module_is_handed_over():
+    from autograder.screen import flagged_test_cells, imported_modules
+
+    nb = _notebook_with_answer("from helpers import softmax")
+    sources = {"helpers": "import numpy as np\nfrom rows import shift\n\ndef softmax(x):\n    return shift(x)\n",
+               "rows": "from alibi_ref import get_slopes  # to compare with: study, as in a cell of one's own\n"
+                       "def shift(x):\n    return x - x.max()\n",
+               "notes": "import sys\nsys.setprofile(None)\n", "broken": "def f(:\n"}
+    used = imported_modules(nb, sources)
+    assert sorted(used) == ["helpers", "rows"], "what the cells import and what that imports; nothing else"
+    assert screen_notebook(nb, used) == []
+    # what lasts fails every test cell of the notebook, wherever the module is first imported
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import notes"))
+    used = imported_modules(nb, sources)
+    findings = screen_notebook(nb, used)
+    assert [(f.cell, f.line, f.lasting) for f in findings] == [("a module you handed in (notes.py)", 2, True)]
+    tests = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+    assert tests and sorted(flagged_test_cells(nb, findings)) == tests
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import broken"))  # fails when imported, as in Jupyter
+    assert [f.cell for f in screen_notebook(nb, imported_modules(nb, sources))] == [findings[0].cell]
+
+
 FLAX_MHA = """
 import jax, jax.numpy as jnp
 from flax import linen as nn
