@@ -27,9 +27,12 @@ import contextlib
 import copy
 import datetime
 import difflib
+import functools
 import hashlib
+import importlib.util
 import json
 import re
+import sys
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import nbformat
 
-from .screen import MODULES, is_module_name
+from .screen import MODULES, imported_modules, is_module_name
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
@@ -80,7 +83,7 @@ def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: boo
 
 
 def _files_of_folder(folder: Path, assignment: str,
-                     own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes]]:
+                     own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes | str]]:
     """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
     paths = [p for p in sorted(folder.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and p.is_file()]
     parts = [p.relative_to(folder).parts for p in paths]
@@ -91,26 +94,54 @@ def _files_of_folder(folder: Path, assignment: str,
             taken.append(q)
             size = path.stat().st_size
             found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
-    modules = {p.relative_to(folder).parts: p for p in sorted(folder.rglob("*.py")) if p.is_file()}
-    return found, _modules_beside(taken, modules, lambda p: p.read_bytes() if p.stat().st_size <= MAX_MODULE_BYTES
-                                  else None)
+    modules = {p.relative_to(folder).parts: (p.stat().st_size, p.read_bytes)
+               for p in sorted(folder.rglob("*.py")) if p.is_file()}
+    return found, _modules_beside(taken, modules)
 
 
-def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, ...], object],
-                    read) -> dict[str, bytes]:
-    """{"student_modules/NAME.py": source} for the Python modules in a folder that holds one of the
-    assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands
-    them to the notebooks too). Only names Python can import, up to MAX_MODULE_BYTES each and
-    MAX_MODULES in all; ``read(where)`` gives the bytes, or None past the size."""
+def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, ...], tuple]) -> dict[str, bytes | str]:
+    """{NAME: source, or why it is not handed over} for the Python modules in a folder that holds one of the
+    assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands them to
+    the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import; a module that has
+    an installed module's or the standard library's name is not handed over (the kernel's path puts the
+    student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES."""
     folders = {parts[:-1] for parts in notebooks}
-    found = {}
-    for parts, where in modules.items():
+    found: dict[str, bytes | str] = {}
+    for parts, (size, read) in modules.items():
         stem = parts[-1].removesuffix(".py")
-        if parts[:-1] in folders and is_module_name(stem) and len(found) < MAX_MODULES:
-            source = read(where)
-            if source is not None:
-                found.setdefault(f"{MODULES}/{stem}.py", source)
+        if parts[:-1] not in folders or not is_module_name(stem) or stem in found:
+            continue
+        if stem in sys.stdlib_module_names or _installed(stem):
+            found[stem] = f"{'the standard library' if stem in sys.stdlib_module_names else 'an installed package'} " \
+                          "has a module of that name, which the notebook gets instead when graded: rename it"
+        elif size > MAX_MODULE_BYTES:
+            found[stem] = f"larger than {MAX_MODULE_BYTES // 2**20} MiB"
+        elif sum(isinstance(v, bytes) for v in found.values()) >= MAX_MODULES:
+            found[stem] = f"more than {MAX_MODULES} modules were handed in"
+        else:
+            found[stem] = read()
     return found
+
+
+def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -> str:
+    """A note naming the student's modules that the notebook imports (itself or through another of theirs) and
+    grading does not hand it, and why: its import then fails, or finds another module, for a reason the
+    student's own Jupyter never showed."""
+    sources = {name: source.decode("utf-8", errors="replace") if isinstance(source, bytes) else ""
+               for name, source in modules.items()}
+    imported = imported_modules(nbformat.reads(notebook.decode(), as_version=4), sources)
+    return _joined(*(f"imports {name}.py, handed in beside it, which grading does not hand over: {modules[name]}"
+                     for name in sorted(imported) if isinstance(modules[name], str)))
+
+
+def _installed(name: str) -> bool:
+    """Whether ``import name`` finds a module in the grader's Python (a namespace package, which a folder in
+    the working directory makes, is none). Finding one imports nothing for a name without dots."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
@@ -124,7 +155,7 @@ def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
 
 
 def _files_of_zip(path: Path, assignment: str,
-                  own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes]]:
+                  own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes | str]]:
     """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
     found, taken = {}, []
     with zipfile.ZipFile(path) as archive:
@@ -140,9 +171,9 @@ def _files_of_zip(path: Path, assignment: str,
                 found.setdefault(name.stem, info.file_size)
                 continue
             found.setdefault(name.stem, archive.read(info))
-        modules = {Path(i.filename).parts: i for i in files if Path(i.filename).suffix == ".py"}
-        return found, _modules_beside(taken, modules, lambda i: archive.read(i) if i.file_size <= MAX_MODULE_BYTES
-                                      else None)
+        modules = {Path(i.filename).parts: (i.file_size, functools.partial(archive.read, i))
+                   for i in files if Path(i.filename).suffix == ".py"}
+        return found, _modules_beside(taken, modules)
 
 
 def _plain_name(stem: str) -> str:
@@ -498,7 +529,8 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.files = _exchange_files(entry, assignment)
             else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
                 files, modules = {entry.stem: entry.read_bytes()}, {}
-            submission.files.update(modules)
+            submission.files.update({f"{MODULES}/{name}.py": source for name, source in modules.items()
+                                     if isinstance(source, bytes)})
         except (zipfile.BadZipFile, OSError) as err:
             for name in notebooks:
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
@@ -519,6 +551,7 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.problems[name] = ("unreadable", note)
             else:
                 submission.notebooks[name] = cleaned
+                note = _joined(note, _modules_not_handed_over(cleaned, modules))
                 if note:
                     submission.notes[name] = note
         if others:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,10 +280,8 @@ def _parse(cell):
 
 
 def is_module_name(name: str) -> bool:
-    """A name ``import name`` can reach as a module of the student's: not the standard library's, which
-    comes first on the path."""
-    return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)) and not name.startswith("__") and (
-        name not in sys.stdlib_module_names)
+    """A name ``import name`` can reach as a module (``NAME.py``; ``__init__`` and the like are none)."""
+    return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)) and not name.startswith("__")
 
 
 def module_sources(folder: Path) -> dict[str, str]:

@@ -664,8 +664,10 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     name = "03_slope_zero"
     folder = tmp_path / "ann" / "alibi"
     folder.mkdir(parents=True)
-    nbformat.write(filled(name), folder / f"{name}.ipynb")
-    for module in ("helpers.py", "my_rows2.py", "bad-name.py", "__init__.py", "json.py"):
+    importing = filled(name)  # what it imports and grading cannot hand it is named in its row
+    importing.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nimport json\nimport huge\nimport tqdm"))
+    nbformat.write(importing, folder / f"{name}.ipynb")
+    for module in ("helpers.py", "my_rows2.py", "bad-name.py", "__init__.py", "json.py", "tqdm.py"):
         (folder / module).write_text(f"# {module}\n")
     (folder / "huge.py").write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
     (tmp_path / "ann" / "elsewhere.py").write_text("# not beside a notebook\n")
@@ -677,7 +679,13 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     ann, bob = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
     assert sorted(ann.files) == ["student_modules/helpers.py", "student_modules/my_rows2.py"]
     assert ann.files["student_modules/helpers.py"] == b"# helpers.py\n"
-    assert bob.files == {"student_modules/helpers.py": b"# bob's\n"}
+    assert ann.notes[name].split("; ") == [
+        "imports huge.py, handed in beside it, which grading does not hand over: larger than 1 MiB",
+        "imports json.py, handed in beside it, which grading does not hand over: the standard library has a "
+        "module of that name, which the notebook gets instead when graded: rename it",
+        "imports tqdm.py, handed in beside it, which grading does not hand over: an installed package has a "
+        "module of that name, which the notebook gets instead when graded: rename it"]
+    assert bob.files == {"student_modules/helpers.py": b"# bob's\n"} and name not in bob.notes
 
 
 def _collected(tmp_path, nb, name="02_worked_example"):
