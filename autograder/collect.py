@@ -127,6 +127,8 @@ def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -
     """A note naming the student's modules that the notebook imports (itself or through another of theirs) and
     grading does not hand it, and why: its import then fails, or finds another module, for a reason the
     student's own Jupyter never showed."""
+    if all(isinstance(source, bytes) for source in modules.values()):
+        return ""  # every module handed over (or none handed in): nothing to read the notebook for
     sources = {name: source.decode("utf-8", errors="replace") if isinstance(source, bytes) else ""
                for name, source in modules.items()}
     imported = imported_modules(nbformat.reads(notebook.decode(), as_version=4), sources)
