@@ -36,7 +36,8 @@ for what in "$@"; do
     env)
         stage env 30 bash -c "nvidia-smi; $py -c 'import sys, torch; print(sys.version); \
 print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda, \"cuDNN\", torch.backends.cudnn.version()); \
-print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'" ;;
+print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'; \
+$py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hypothesis|pytest) '" ;;
     tests)  # every torch test on cuda (the CPU runs are make test's): paths, bias, padding, the layer, the CLI
         stage tests 200 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
             tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py ;;
