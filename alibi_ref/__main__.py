@@ -106,13 +106,14 @@ def cmd_extrapolate(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from .lab.bench import run, table
+    from .lab.bench import fastest, run, table
 
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
                paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype,
                default_malloc=args.default_malloc, backward=args.backward, batch=args.batch)
     print(table(rows))
+    print(f"\n{fastest(rows)}")
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
 

@@ -48,6 +48,12 @@ def test_bench_command_writes_a_table_json_and_plot(tmp_path):
             assert row["ratio"] == pytest.approx(row["seconds"] / row["plain_seconds"]), row
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "x plain" in done.stdout and "fwd+bwd" in done.stdout
+    # the fastest ALiBi path of each setting, as the rows say
+    for n, causal, kind in {(r["n"], r["causal"], r["pass"]) for r in rows}:
+        best = min((r for r in rows if (r["n"], r["causal"], r["pass"]) == (n, causal, kind)
+                    and r["path"] != "plain_sdpa"), key=lambda r: r["ratio"])
+        mask = "causal" if causal else "symmetric"
+        assert f"N = {n}, {mask}, {kind}: {best['path']} {best['ratio']:.2f}x" in done.stdout, done.stdout
 
 
 def test_a_failing_path_is_reported_not_fatal():
@@ -74,3 +80,18 @@ def test_a_run_cut_short_leaves_the_rows_it_measured(tmp_path):
     assert rows[0]["path"] == "plain_sdpa" and rows[1]["path"] == "naive" and rows[1]["ratio"] > 0
     assert f"{rows[0]['n']:>6} {rows[0]['causal']!s:>6}     fwd plain_sdpa" in printed
     assert not (tmp_path / "bench.png").exists(), "the plot is drawn once, at the end"
+
+
+def test_the_summary_names_the_fastest_path_beside_autos_choice():
+    from alibi_ref.lab.bench import fastest
+
+    def row(path, ratio, causal=False):
+        return {"path": path, "n": 64, "causal": causal, "pass": "fwd", "ratio": ratio}
+
+    rows = [row("plain_sdpa", 1.0), row("alibi_default", 1.3), row("strided_mask", 1.1),
+            {**row("flex_compiled", 0.0), "error": "no compiler"},  # a failed path is no contender
+            row("plain_sdpa", 1.0, True), row("alibi_default", 1.05, True), row("sdpa_float_bias", 2.0, True)]
+    del rows[3]["ratio"]
+    assert fastest(rows).splitlines() == ["fastest ALiBi path, x plain SDPA:",
+                                          "N = 64, symmetric, fwd: strided_mask 1.10x (alibi_default 1.30x)",
+                                          "N = 64, causal, fwd: alibi_default 1.05x"]

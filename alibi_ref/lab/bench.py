@@ -7,7 +7,8 @@ memory never shows up in another's: plain scaled_dot_product_attention with no b
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
 float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
 with ALiBi as a score_mod. It prints the median time, the ratio to the floor (timed in turn
-with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, and writes
+with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, then the
+fastest ALiBi path of each setting beside what alibi_default ran at (``fastest``), and writes
 bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.denormals
 says why ALiBi needs that on a CPU); --keep-denormals measures without. Timing processes keep
 freed memory mapped (see measure_in_fresh_process); --default-malloc measures without.
@@ -261,6 +262,23 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{r['n']:>6} {r['causal']!s:>6} {kind:>7} {r['path']:<16} {1e3 * r['seconds']:>10.2f} "
                      f"{r.get('ratio', math.nan):>8.2f} {r['gflops']:>8.1f} {r['peak_bytes'] / 2**20:>9.1f}")
     return "\n".join(lines)
+
+
+def fastest(rows: list[dict]) -> str:
+    """For each size, mask and pass: the fastest ALiBi path and its time against plain SDPA, beside what
+    ``alibi_default`` (``auto``) ran at: how far ``auto``'s choice is from the best there is on this machine.
+    (Whether a path is correct is the tests' business: tests/test_fused_paths.py holds each to the naive one.)"""
+    lines = []
+    for key in dict.fromkeys((r["n"], r["causal"], r.get("pass", "fwd")) for r in rows):
+        timed = [r for r in rows if (r["n"], r["causal"], r.get("pass", "fwd")) == key and "ratio" in r
+                 and r["path"] != "plain_sdpa"]
+        if not timed:
+            continue
+        best = min(timed, key=lambda r: r["ratio"])
+        auto = next((r for r in timed if r["path"] == "alibi_default"), None)
+        line = f"N = {key[0]}, {'causal' if key[1] else 'symmetric'}, {key[2]}: {best['path']} {best['ratio']:.2f}x"
+        lines.append(line + (f" (alibi_default {auto['ratio']:.2f}x)" if auto not in (None, best) else ""))
+    return "\n".join(["fastest ALiBi path, x plain SDPA:", *lines]) if lines else ""
 
 
 def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> None:
