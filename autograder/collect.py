@@ -94,8 +94,10 @@ def _files_of_folder(folder: Path, assignment: str,
             taken.append(q)
             size = path.stat().st_size
             found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
+    # only the folders that hold a notebook taken: the tree was walked once already, for the notebooks
+    beside = sorted({folder.joinpath(*q[:-1]) for q in taken})
     modules = {p.relative_to(folder).parts: (p.stat().st_size, p.read_bytes)
-               for p in sorted(folder.rglob("*.py")) if p.is_file()}
+               for where in beside for p in sorted(where.glob("*.py")) if p.is_file()}
     return found, _modules_beside(taken, modules)
 
 
