@@ -22,12 +22,20 @@ CPU kernel skips no tile of a float mask); smaller blocks waste less but make th
 smaller (below 768 rows it uses 64-row tiles). These blocks run off the CPU, with dropout, and
 where ``block`` is given.
 
-Causal, split at the diagonal (the CPU's default for float32 and float64): each block of
-``SPLIT_ROWS`` reversed rows r0 .. r1 - 1 is cut into the keys all its rows see, j < k_len - r1,
-a rectangle with no -inf in it (one call, 256-row tiles), and the diagonal band beyond, in calls
-of 64 to ``BAND_ROWS`` rows shown only the keys their first row sees (a -inf triangle of at most
-128 rows, not of 768). Each call p returns its output o_p and the log-sum-exp l_p of its logits, and the
-pieces of a row are one softmax again:
+Causal, split at the diagonal (the CPU's default for float32 and float64): here the *keys* are
+reversed instead, j' = k_len - 1 - j, with their values. The bias then depends on i + j', Hankel
+again, a view of the reversed row:
+
+    b[h, i, j] = -m_h |i' - j| = row'[h, i + j'],    row'[h, t] = -m_h |t - (q_len - 1)|,
+
+-inf for t < q_len - 1 under the causal mask (``reversed_keys_row``). Reversing k and v costs two
+copies per call; the queries, the output and the log-sum-exp then stay in query order, and a
+block of the split is a slice of each, with no copy per block. Each block of ``SPLIT_ROWS``
+queries (reversed rows r0 .. r1 - 1 in ``split_calls``, which counts from the last query) is cut
+into the keys all its rows see, j < k_len - r1, a rectangle with no -inf in it (one call,
+256-row tiles), and the diagonal band beyond, in calls of 64 to ``BAND_ROWS`` rows shown only the
+keys their last query sees (a -inf triangle of at most 128 rows, not of 768). Each call p returns
+its output o_p and the log-sum-exp l_p of its logits, and the pieces of a row are one softmax again:
 
     l = log sum_p exp(l_p),     o = sum_p exp(l_p - l) o_p
 
@@ -96,6 +104,13 @@ def bias_row(slopes, q_len: int, k_len: int, causal: bool):
     return bias_from_distances(slopes, (k_len - 1) - t, causal)  # (H, t)
 
 
+def reversed_keys_row(slopes, q_len: int, k_len: int, causal: bool):
+    """(H, q_len + k_len - 1): the row the bias is read from with the keys reversed, row'[h, i + j'] (module
+    docstring); ``bias_row`` read backwards."""
+    t = torch.arange(q_len + k_len - 1, device=slopes.device)
+    return bias_from_distances(slopes, t - (q_len - 1), causal)  # (H, t)
+
+
 def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
     """Whether a causal call can run as one kernel call reading the last query's row (module docstring).
 
@@ -121,7 +136,8 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
 
 
 def hankel_view(row, rows: range, keys: range):
-    """row[h, r + j] for the reversed query rows r in ``rows`` and the keys j in ``keys``: (1, H, r, j).
+    """row[h, r + j] for the rows r in ``rows`` and the keys j in ``keys``: (1, H, r, j). The rows are reversed
+    queries (``bias_row``) or queries beside reversed keys (``reversed_keys_row``).
 
     ``row`` must own its storage from its first number on, as ``bias_row`` makes it (the view's offset
     counts from the storage's start: asking the row for its own offset would stop torch.compile).
@@ -166,11 +182,11 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
             # to its math path, which refuses a mask with is_causal: the blocks below do it instead
             if "is_causal" not in str(refused):
                 raise
-    row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     if causal and block is None and split_fits(q, v, dropout_p):
         if groups > 1 and not _kernel_takes_gqa():
             k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
-        return CausalSplit.apply(q, k, v, row, scale)
+        return CausalSplit.apply(q, k, v, reversed_keys_row(slopes, q_len, k_len, True), scale)
+    row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -232,37 +248,38 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
 
 
 class CausalSplit(torch.autograd.Function):
-    """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
+    """Causal ALiBi as kernel calls split at the diagonal, the keys reversed, merged by their log-sum-exp
+    (module docstring).
 
     ``apply(q, k, v, row, scale)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of H_kv (query head
-    h reads KV head h // (H / H_kv), in the kernel);
-    ``row`` the causal bias row (``bias_row``). Returns (B, H, i, d) in q's dtype; the merge is
-    done in at least float32. Output and log-sum-exp are kept in query order and each call's
-    queries reversed as it runs: copies of one call's rows, never of the whole q or output.
+    h reads KV head h // (H / H_kv), in the kernel); ``row`` from ``reversed_keys_row``. Returns
+    (B, H, i, d) in q's dtype; the merge is done in at least float32. k and v are reversed once; each
+    call reads slices of q, the reversed keys, and writes slices of the output, in place.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, row, scale):
         forward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         work = torch.promote_types(q.dtype, torch.float32)
+        k, v = k.flip(-2), v.flip(-2)  # (B, H_kv, j', d), j' = k_len - 1 - j
         out = q.new_empty(q.shape, dtype=work)  # (B, H, i, d)
         lse = q.new_empty(q.shape[:-1], dtype=work)  # (B, H, i)
-        calls = split_calls(q.shape[-2], k.shape[-2])
-        for rows, keys in calls:
-            i, j = _query_rows(rows, q.shape[-2]), slice(keys.start, keys.stop)
-            o_p, l_p = forward_kernel(q[..., i, :].flip(-2), k[..., j, :], v[..., j, :],
-                                      attn_mask=hankel_view(row, rows, keys), scale=scale)
-            o_p, l_p = o_p.flip(-2), l_p.flip(-1)  # (B, H, i, d), (B, H, i): back in query order
-            if keys.start == 0:  # the rows' first call (split_calls: the rectangle, else their only band)
-                out[..., i, :], lse[..., i] = o_p, l_p
-                continue
-            # l = log(e^l + e^l_p), o = e^(l - l_new) o + e^(l_p - l_new) o_p: one softmax over both calls' keys
-            merged = torch.logaddexp(lse[..., i], l_p)
-            out[..., i, :] = (out[..., i, :] * (lse[..., i] - merged).exp().unsqueeze(-1)
-                              + o_p * (l_p - merged).exp().unsqueeze(-1))
-            lse[..., i] = merged
+        calls = _reversed_key_calls(q.shape[-2], k.shape[-2])
+        # a row's first call (its rectangle, else its only band) writes out and lse; its second (the band
+        # beside its rectangle) writes out_2 and lse_2, and all second calls are merged at once at the end
+        out_2, lse_2 = torch.empty_like(out), torch.empty_like(lse)
+        for i, j, first in calls:
+            o, l = (out, lse) if first else (out_2, lse_2)
+            o[..., i, :], l[..., i] = forward_kernel(q[..., i, :], k[..., j, :], v[..., j, :],
+                                                     attn_mask=_view(row, i, j), scale=scale)
+        twice = _rows_called_twice(calls)  # the last queries: split_calls puts the rectangles there
+        o_1, l_1, o_2, l_2 = out[..., twice, :], lse[..., twice], out_2[..., twice, :], lse_2[..., twice]
+        # l = log(e^l_1 + e^l_2), o = e^(l_1 - l) o_1 + e^(l_2 - l) o_2: one softmax over both calls' keys
+        merged = torch.logaddexp(l_1, l_2)  # (B, H, i)
+        o_1.mul_((l_1 - merged).exp_().unsqueeze(-1)).add_(o_2.mul_((l_2 - merged).exp_().unsqueeze(-1)))
+        l_1.copy_(merged)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, row, out, lse)
+        ctx.save_for_backward(q, k, v, row, out, lse)  # k, v reversed: they replace the caller's in memory
         ctx.scale, ctx.calls = scale, calls
         return out
 
@@ -271,18 +288,46 @@ class CausalSplit(torch.autograd.Function):
     def backward(ctx, grad_out):
         backward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         q, k, v, row, out, lse = ctx.saved_tensors
-        dq, dk, dv = (torch.zeros_like(x, dtype=lse.dtype) for x in (q, k, v))
-        for rows, keys in ctx.calls:
-            i, j = _query_rows(rows, q.shape[-2]), slice(keys.start, keys.stop)
+        # written by each row's (key's) first call and added to after, never zero-filled first
+        dq, dk, dv = (torch.empty_like(x, dtype=lse.dtype) for x in (q, k, v))
+        keys_written = k.shape[-2]  # the reversed keys from here on have a gradient (split_calls: a suffix grows)
+        for i, j, first in ctx.calls:
             # the merged out and lse: P = exp(S - lse) is the whole softmax's weight on these keys
-            dq_p, dk_p, dv_p = backward_kernel(
-                *(x[..., i, :].flip(-2) for x in (grad_out, q)), k[..., j, :], v[..., j, :],
-                out[..., i, :].flip(-2), lse[..., i].flip(-1), 0.0, False,
-                attn_mask=hankel_view(row, rows, keys), scale=ctx.scale)
-            dq[..., i, :] += dq_p.flip(-2)
-            dk[..., j, :] += dk_p
-            dv[..., j, :] += dv_p
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+            dq_p, dk_p, dv_p = backward_kernel(grad_out[..., i, :], q[..., i, :], k[..., j, :], v[..., j, :],
+                                               out[..., i, :], lse[..., i], 0.0, False, attn_mask=_view(row, i, j),
+                                               scale=ctx.scale)
+            if first:
+                dq[..., i, :] = dq_p
+            else:
+                dq[..., i, :] += dq_p
+            new = max(j.start, keys_written) - j.start  # keys j.start .. keys_written - 1 are new to the gradient
+            for grad, part in ((dk, dk_p), (dv, dv_p)):
+                grad[..., j.start:j.start + new, :] = part[..., :new, :]
+                grad[..., j.start + new:j.stop, :] += part[..., new:, :]
+            keys_written = min(keys_written, j.start)
+        return dq.to(q.dtype), dk.flip(-2).to(k.dtype), dv.flip(-2).to(v.dtype), None, None
+
+
+def _reversed_key_calls(q_len: int, k_len: int) -> list[tuple[slice, slice, bool]]:
+    """``split_calls`` as (queries i, reversed keys j', whether it is the rows' first call), in query order."""
+    return [(_query_rows(rows, q_len), slice(k_len - keys.stop, k_len - keys.start), keys.start == 0)
+            for rows, keys in split_calls(q_len, k_len)]
+
+
+def _rows_called_twice(calls) -> slice:
+    """The queries that two calls of ``calls`` see (a rectangle and a band): one slice, checked."""
+    seconds = [i for i, _, first in calls if not first]
+    if not seconds:
+        return slice(0, 0)
+    twice = slice(min(i.start for i in seconds), max(i.stop for i in seconds))
+    if sum(i.stop - i.start for i in seconds) != twice.stop - twice.start:
+        raise AssertionError(f"split_calls left a gap between the rows it calls twice: {seconds}")
+    return twice
+
+
+def _view(row, i: slice, j: slice):
+    """The bias of queries i against reversed keys j': (1, H, i, j')."""
+    return hankel_view(row, range(i.start, i.stop), range(j.start, j.stop))
 
 
 def _query_rows(rows: range, q_len: int) -> slice:

@@ -15,7 +15,14 @@ from test_attention import problems, to_torch
 import alibi_ref.strided as strided
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
 from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
-from alibi_ref.strided import bias_row, causal_block, hankel_view, last_row_fits, strided_alibi_attention
+from alibi_ref.strided import (
+    bias_row,
+    causal_block,
+    hankel_view,
+    last_row_fits,
+    reversed_keys_row,
+    strided_alibi_attention,
+)
 
 
 @pytest.fixture
@@ -42,6 +49,9 @@ def test_the_bias_is_a_strided_view_of_one_row_once_the_queries_are_reversed():
         rows = range(1, q_len)
         assert torch.equal(hankel_view(row, rows, range(k_len - 1))[0], view[:, 1:, : k_len - 1])
         assert torch.equal(hankel_view(row, rows, range(2, k_len))[0], view[:, 1:, 2:])  # keys from 2 on
+        # or with the keys reversed instead (the causal split), queries in order
+        keys_reversed = hankel_view(reversed_keys_row(slopes, q_len, k_len, causal), range(q_len), range(k_len))[0]
+        assert torch.equal(keys_reversed.flip(-1), alibi_bias(slopes, q_len, k_len, causal=causal))
 
 
 @given(problems(max_len=9), st.integers(1, 9))
@@ -94,17 +104,26 @@ def test_split_bands_are_a_quarter_of_the_queries_within_64_to_128_rows_under_76
 
 @given(problems(max_len=9, causal=True), st.integers(1, 4), st.integers(1, 3))
 def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band_rows):
-    """Calls split at the diagonal and merged by their log-sum-exp: the naive path's output, any split sizes."""
+    """Calls split at the diagonal and merged by their log-sum-exp: the naive path's output and gradients, any
+    split sizes. The gradients' buffers start as NaN here: each key's and row's first call must write, not add."""
     q, k, v, slopes, _ = problem
     v = np.tile(v, q.shape[-1])[..., : q.shape[-1]]  # the kernel needs d_v == d
-    expected = alibi_attention(q, k, v, slopes, causal=True)
     q, k, v, slopes = to_torch(q, k, v, slopes)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    expected = alibi_attention(*inputs, slopes, causal=True, impl="naive")
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, inputs, grad_out)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(strided, "SPLIT_ROWS", split_rows)
         patch.setattr(strided, "BAND_ROWS", band_rows)
+        empty_like = torch.empty_like
+        patch.setattr(torch, "empty_like", lambda *args, **kwargs: empty_like(*args, **kwargs).fill_(float("nan")))
         assert strided.split_fits(q, v, 0.0)
-        out = strided_alibi_attention(q, k, v, slopes, q.shape[-1] ** -0.5, True, q.shape[-3] // k.shape[-3])
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9, atol=1e-12)
+        out = strided_alibi_attention(*inputs, slopes, q.shape[-1] ** -0.5, True, q.shape[-3] // k.shape[-3])
+        grads = torch.autograd.grad(out, inputs, grad_out)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize(("q_len", "k_len", "n_calls"), [(9, 9, 7), (4, 9, 3), (1, 6, 1)])
