@@ -29,13 +29,16 @@ again, a view of the reversed row:
     b[h, i, j] = -m_h |i' - j| = row'[h, i + j'],    row'[h, t] = -m_h |t - (q_len - 1)|,
 
 -inf for t < q_len - 1 under the causal mask (``reversed_keys_row``). Reversing k and v costs two
-copies per call; the queries, the output and the log-sum-exp then stay in query order, and a
-block of the split is a slice of each, with no copy per block. Each block of ``SPLIT_ROWS``
-queries (reversed rows r0 .. r1 - 1 in ``split_calls``, which counts from the last query) is cut
-into the keys all its rows see, j < k_len - r1, a rectangle with no -inf in it (one call,
-256-row tiles), and the diagonal band beyond, in calls of 64 to ``BAND_ROWS`` rows shown only the
-keys their last query sees (a -inf triangle of at most 128 rows, not of 768). Each call p returns
-its output o_p and the log-sum-exp l_p of its logits, and the pieces of a row are one softmax again:
+copies in all; the queries, the output and the log-sum-exp then stay in query order, and each
+kernel call reads and writes slices of them, with no copy of its own. Where the queries are few
+beside the keys (a decoding step against a KV cache, ``keys_reversed_pays``) each call's queries
+are reversed instead, and its output and log-sum-exp back: copies of a few rows, not of the cache.
+Each block of ``SPLIT_ROWS`` queries (reversed rows r0 .. r1 - 1 in ``split_calls``, which counts
+from the last query) is cut into the keys all its rows see, j < k_len - r1, a rectangle with no
+-inf in it (one call, 256-row tiles), and the diagonal band beyond, in calls of 64 to
+``BAND_ROWS`` rows shown only the keys their last query sees (a -inf triangle of at most 128
+rows, not of 768). Each call p returns its output o_p and the log-sum-exp l_p of its logits, and
+the pieces of a row are one softmax again (a row has at most two, merged a block at a time):
 
     l = log sum_p exp(l_p),     o = sum_p exp(l_p - l) o_p
 
@@ -185,7 +188,9 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     if causal and block is None and split_fits(q, v, dropout_p):
         if groups > 1 and not _kernel_takes_gqa():
             k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
-        return CausalSplit.apply(q, k, v, reversed_keys_row(slopes, q_len, k_len, True), scale)
+        keys_reversed = keys_reversed_pays(q_len, k_len)
+        row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
+        return CausalSplit.apply(q, k, v, row, scale, keys_reversed)
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
@@ -248,39 +253,54 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
 
 
 class CausalSplit(torch.autograd.Function):
-    """Causal ALiBi as kernel calls split at the diagonal, the keys reversed, merged by their log-sum-exp
-    (module docstring).
+    """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
 
-    ``apply(q, k, v, row, scale)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of H_kv (query head
-    h reads KV head h // (H / H_kv), in the kernel); ``row`` from ``reversed_keys_row``. Returns
-    (B, H, i, d) in q's dtype; the merge is done in at least float32. k and v are reversed once; each
-    call reads slices of q, the reversed keys, and writes slices of the output, in place.
+    ``apply(q, k, v, row, scale, keys_reversed)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of H_kv
+    (query head h reads KV head h // (H / H_kv), in the kernel). With ``keys_reversed`` k and v are
+    reversed once and ``row`` comes from ``reversed_keys_row``; else each call's queries are reversed
+    as it runs, its output and log-sum-exp back after it, and ``row`` comes from ``bias_row`` (cheaper
+    where the queries are few beside the keys: a decoding step against a KV cache; ``keys_reversed_pays``).
+    Returns (B, H, i, d) in q's dtype; the merge is done in at least float32.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, row, scale):
+    def forward(ctx, q, k, v, row, scale, keys_reversed):
         forward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         work = torch.promote_types(q.dtype, torch.float32)
-        k, v = k.flip(-2), v.flip(-2)  # (B, H_kv, j', d), j' = k_len - 1 - j
+        if keys_reversed:
+            k, v = k.flip(-2), v.flip(-2)  # (B, H_kv, j', d), j' = k_len - 1 - j
+        calls = _calls_in_kernel_order(q.shape[-2], k.shape[-2], keys_reversed)
+        rows_in, out_of = _query_order(keys_reversed)
+
+        def attend(i, j):
+            """The output and log-sum-exp of queries i against keys j (in the kernel's order), in query order."""
+            o, lse = forward_kernel(rows_in(q[..., i, :]), k[..., j, :], v[..., j, :],
+                                    attn_mask=_mask(row, i, j, q.shape[-2], keys_reversed), scale=scale)
+            return out_of(o), out_of(lse.unsqueeze(-1)).squeeze(-1)  # (B, H, i, d), (B, H, i)
+
         out = q.new_empty(q.shape, dtype=work)  # (B, H, i, d)
         lse = q.new_empty(q.shape[:-1], dtype=work)  # (B, H, i)
-        calls = _reversed_key_calls(q.shape[-2], k.shape[-2])
-        # a row's first call (its rectangle, else its only band) writes out and lse; its second (the band
-        # beside its rectangle) writes out_2 and lse_2, and all second calls are merged at once at the end
-        out_2, lse_2 = torch.empty_like(out), torch.empty_like(lse)
-        for i, j, first in calls:
-            o, l = (out, lse) if first else (out_2, lse_2)
-            o[..., i, :], l[..., i] = forward_kernel(q[..., i, :], k[..., j, :], v[..., j, :],
-                                                     attn_mask=_view(row, i, j), scale=scale)
-        twice = _rows_called_twice(calls)  # the last queries: split_calls puts the rectangles there
-        o_1, l_1, o_2, l_2 = out[..., twice, :], lse[..., twice], out_2[..., twice, :], lse_2[..., twice]
-        # l = log(e^l_1 + e^l_2), o = e^(l_1 - l) o_1 + e^(l_2 - l) o_2: one softmax over both calls' keys
-        merged = torch.logaddexp(l_1, l_2)  # (B, H, i)
-        o_1.mul_((l_1 - merged).exp_().unsqueeze(-1)).add_(o_2.mul_((l_2 - merged).exp_().unsqueeze(-1)))
-        l_1.copy_(merged)
+        blocks = _by_block(calls)
+        # one block's bands at a time, merged into its rectangle's rows: a buffer of one block's rows
+        rows = max((i.stop - i.start for (i, _), bands in blocks if bands), default=0)
+        band_out = q.new_empty((*q.shape[:-2], rows, q.shape[-1]), dtype=work)  # (B, H, rows, d)
+        band_lse = q.new_empty((*q.shape[:-2], rows), dtype=work)  # (B, H, rows)
+        for (i, j), bands in blocks:
+            out[..., i, :], lse[..., i] = attend(i, j)
+            if not bands:  # the rows' only call
+                continue
+            o_2, l_2 = band_out[..., :i.stop - i.start, :], band_lse[..., :i.stop - i.start]
+            for b, j_b in bands:
+                local = slice(b.start - i.start, b.stop - i.start)
+                o_2[..., local, :], l_2[..., local] = attend(b, j_b)
+            # l = log(e^l_1 + e^l_2), o = e^(l_1 - l) o_1 + e^(l_2 - l) o_2: one softmax over both calls' keys
+            o_1, l_1 = out[..., i, :], lse[..., i]
+            merged = torch.logaddexp(l_1, l_2)  # (B, H, i)
+            o_1.mul_((l_1 - merged).exp_().unsqueeze(-1)).add_(o_2.mul_((l_2 - merged).exp_().unsqueeze(-1)))
+            l_1.copy_(merged)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, row, out, lse)  # k, v reversed: they replace the caller's in memory
-        ctx.scale, ctx.calls = scale, calls
+        ctx.save_for_backward(q, k, v, row, out, lse)  # k, v reversed or not: they replace the caller's in memory
+        ctx.scale, ctx.calls, ctx.keys_reversed = scale, calls, keys_reversed
         return out
 
     @staticmethod
@@ -288,46 +308,88 @@ class CausalSplit(torch.autograd.Function):
     def backward(ctx, grad_out):
         backward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         q, k, v, row, out, lse = ctx.saved_tensors
+        rows_in, out_of = _query_order(ctx.keys_reversed)
         # written by each row's (key's) first call and added to after, never zero-filled first
         dq, dk, dv = (torch.empty_like(x, dtype=lse.dtype) for x in (q, k, v))
-        keys_written = k.shape[-2]  # the reversed keys from here on have a gradient (split_calls: a suffix grows)
+        keys_written = slice(0, 0)
         for i, j, first in ctx.calls:
             # the merged out and lse: P = exp(S - lse) is the whole softmax's weight on these keys
-            dq_p, dk_p, dv_p = backward_kernel(grad_out[..., i, :], q[..., i, :], k[..., j, :], v[..., j, :],
-                                               out[..., i, :], lse[..., i], 0.0, False, attn_mask=_view(row, i, j),
-                                               scale=ctx.scale)
+            dq_p, dk_p, dv_p = backward_kernel(
+                *(rows_in(x[..., i, :]) for x in (grad_out, q)), k[..., j, :], v[..., j, :], rows_in(out[..., i, :]),
+                rows_in(lse[..., i].unsqueeze(-1)).squeeze(-1), 0.0, False,
+                attn_mask=_mask(row, i, j, q.shape[-2], ctx.keys_reversed), scale=ctx.scale)
             if first:
-                dq[..., i, :] = dq_p
+                dq[..., i, :] = out_of(dq_p)
             else:
-                dq[..., i, :] += dq_p
-            new = max(j.start, keys_written) - j.start  # keys j.start .. keys_written - 1 are new to the gradient
+                dq[..., i, :] += out_of(dq_p)
             for grad, part in ((dk, dk_p), (dv, dv_p)):
-                grad[..., j.start:j.start + new, :] = part[..., :new, :]
-                grad[..., j.start + new:j.stop, :] += part[..., new:, :]
-            keys_written = min(keys_written, j.start)
-        return dq.to(q.dtype), dk.flip(-2).to(k.dtype), dv.flip(-2).to(v.dtype), None, None
+                _write_or_add(grad, part, j, keys_written)
+            keys_written = slice(min(keys_written.start, j.start) if keys_written.stop else j.start,
+                                 max(keys_written.stop, j.stop))
+        if ctx.keys_reversed:
+            dk, dv = dk.flip(-2), dv.flip(-2)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
-def _reversed_key_calls(q_len: int, k_len: int) -> list[tuple[slice, slice, bool]]:
-    """``split_calls`` as (queries i, reversed keys j', whether it is the rows' first call), in query order."""
-    return [(_query_rows(rows, q_len), slice(k_len - keys.stop, k_len - keys.start), keys.start == 0)
-            for rows, keys in split_calls(q_len, k_len)]
+def keys_reversed_pays(q_len: int, k_len: int) -> bool:
+    """Whether the causal split should reverse the keys and values (two copies of k_len rows each pass) rather
+    than each call's queries, output and log-sum-exp (up to four copies of q_len rows: a row is in two calls)."""
+    return k_len <= 2 * q_len
 
 
-def _rows_called_twice(calls) -> slice:
-    """The queries that two calls of ``calls`` see (a rectangle and a band): one slice, checked."""
-    seconds = [i for i, _, first in calls if not first]
-    if not seconds:
-        return slice(0, 0)
-    twice = slice(min(i.start for i in seconds), max(i.stop for i in seconds))
-    if sum(i.stop - i.start for i in seconds) != twice.stop - twice.start:
-        raise AssertionError(f"split_calls left a gap between the rows it calls twice: {seconds}")
-    return twice
+def _query_order(keys_reversed: bool):
+    """(into the kernel, out of it) for a block of query rows (dim -2): as they are, or reversed both ways."""
+    if keys_reversed:
+        return (lambda x: x), (lambda x: x)
+    return (lambda x: x.flip(-2)), (lambda x: x.flip(-2))
 
 
-def _view(row, i: slice, j: slice):
-    """The bias of queries i against reversed keys j': (1, H, i, j')."""
-    return hankel_view(row, range(i.start, i.stop), range(j.start, j.stop))
+def _calls_in_kernel_order(q_len: int, k_len: int, keys_reversed: bool) -> list[tuple[slice, slice, bool]]:
+    """``split_calls`` as (queries i in query order, keys j in the order the kernel reads them, whether it is the
+    rows' first call)."""
+    calls = []
+    for rows, keys in split_calls(q_len, k_len):
+        j = slice(k_len - keys.stop, k_len - keys.start) if keys_reversed else slice(keys.start, keys.stop)
+        calls.append((_query_rows(rows, q_len), j, keys.start == 0))
+    return calls
+
+
+def _mask(row, i: slice, j: slice, q_len: int, keys_reversed: bool):
+    """The bias of queries i against keys j, both as the kernel reads them: (1, H, i, j)."""
+    rows = range(i.start, i.stop) if keys_reversed else range(q_len - i.stop, q_len - i.start)
+    return hankel_view(row, rows, range(j.start, j.stop))
+
+
+def _by_block(calls):
+    """The calls as (first call's (i, j), [the (i, j) of the bands beside it]): a rectangle and the bands that
+    tile its rows, or a band alone (split_calls: a block's rectangle comes before its bands)."""
+    blocks = []
+    for i, j, first in calls:
+        if first:
+            blocks.append(((i, j), []))
+        else:
+            blocks[-1][1].append((i, j))
+    for (i, _), bands in blocks:
+        edge = i.start
+        for b, _ in sorted(bands, key=lambda band: band[0].start):
+            if b.start != edge:
+                raise AssertionError(f"split_calls' bands do not tile their rectangle's rows {i}: {bands}")
+            edge = b.stop
+        if bands and edge != i.stop:
+            raise AssertionError(f"split_calls' bands do not tile their rectangle's rows {i}: {bands}")
+    return blocks
+
+
+def _write_or_add(grad, part, j: slice, written: slice):
+    """grad[..., j, :] gets part: written where no earlier call wrote, added where one did. The keys written so
+    far are one span, ``written``, which j overlaps or touches (split_calls: the keys seen grow from one end)."""
+    if written.stop and (j.stop < written.start or j.start > written.stop):
+        raise AssertionError(f"keys {j} leave a gap beside the keys {written} already written")
+    lo = min(max(written.start, j.start), j.stop) if written.stop else j.start  # [lo, hi): written before
+    hi = max(min(written.stop, j.stop), lo) if written.stop else j.start
+    grad[..., j.start:lo, :] = part[..., :lo - j.start, :]
+    grad[..., lo:hi, :] += part[..., lo - j.start:hi - j.start, :]
+    grad[..., hi:j.stop, :] = part[..., hi - j.start:, :]
 
 
 def _query_rows(rows: range, q_len: int) -> slice:

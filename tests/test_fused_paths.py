@@ -102,10 +102,11 @@ def test_split_bands_are_a_quarter_of_the_queries_within_64_to_128_rows_under_76
     assert rectangles == [(768, 4096 - 768 * (b + 1)) for b in range(5)]
 
 
-@given(problems(max_len=9, causal=True), st.integers(1, 4), st.integers(1, 3))
-def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band_rows):
+@given(problems(max_len=9, causal=True), st.integers(1, 4), st.integers(1, 3), st.booleans())
+def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band_rows, keys_reversed):
     """Calls split at the diagonal and merged by their log-sum-exp: the naive path's output and gradients, any
-    split sizes. The gradients' buffers start as NaN here: each key's and row's first call must write, not add."""
+    split sizes, the keys reversed or the queries. The gradients' buffers start as NaN here: each key's and
+    row's first call must write, not add."""
     q, k, v, slopes, _ = problem
     v = np.tile(v, q.shape[-1])[..., : q.shape[-1]]  # the kernel needs d_v == d
     q, k, v, slopes = to_torch(q, k, v, slopes)
@@ -116,6 +117,7 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(strided, "SPLIT_ROWS", split_rows)
         patch.setattr(strided, "BAND_ROWS", band_rows)
+        patch.setattr(strided, "keys_reversed_pays", lambda q_len, k_len: keys_reversed)
         empty_like = torch.empty_like
         patch.setattr(torch, "empty_like", lambda *args, **kwargs: empty_like(*args, **kwargs).fill_(float("nan")))
         assert strided.split_fits(q, v, 0.0)
@@ -126,12 +128,15 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
         torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("keys_reversed", [True, False])
 @pytest.mark.parametrize(("q_len", "k_len", "n_calls"), [(9, 9, 7), (4, 9, 3), (1, 6, 1)])
-def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len, k_len, n_calls):
+def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len, k_len, n_calls, keys_reversed):
     """Its backward pass (torch's flash backward per call, handed the merged output and log-sum-exp) against
-    finite differences: GQA, a KV cache (q_len < k_len), rectangles and bands of several calls each."""
+    finite differences: GQA, a KV cache (q_len < k_len), rectangles and bands of several calls each, the keys
+    reversed or the queries."""
     monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
     monkeypatch.setattr(strided, "BAND_ROWS", 3)
+    monkeypatch.setattr(strided, "keys_reversed_pays", lambda q_len, k_len: keys_reversed)
     gen = torch.Generator().manual_seed(8)
     q = torch.randn(2, 4, q_len, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
     k, v = torch.randn(2, 2, 2, k_len, 5, generator=gen, dtype=torch.float64)
@@ -141,6 +146,13 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len
         lambda q, k, v, m: strided_alibi_attention(q, k, v, m, 0.4, True, 2), [*inputs, slopes])
     assert set(kernel_calls) == {"split"}  # every call took the split form
     assert len(strided.split_calls(q_len, k_len)) == n_calls  # rectangles and bands; one call for one row
+
+
+def test_the_split_reverses_the_keys_for_self_attention_and_the_queries_for_a_decoding_step():
+    """Reversing k and v copies k_len rows twice; reversing each call's queries, output and log-sum-exp up to
+    q_len rows four times: one decoding step against a cache of 4096 must not copy the cache."""
+    assert strided.keys_reversed_pays(1024, 1024) and strided.keys_reversed_pays(300, 600)
+    assert not strided.keys_reversed_pays(1, 4096) and not strided.keys_reversed_pays(512, 4096)
 
 
 def test_the_split_reads_grouped_kv_heads_without_copying_them(monkeypatch):
