@@ -188,9 +188,10 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     if causal and block is None and split_fits(q, v, dropout_p):
         if groups > 1 and not _kernel_takes_gqa():
             k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
-        keys_reversed = keys_reversed_pays(q_len, k_len)
+        calls = split_calls(q_len, k_len)
+        keys_reversed = keys_reversed_pays(calls, k_len)
         row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
-        return CausalSplit.apply(q, k, v, row, scale, keys_reversed)
+        return CausalSplit.apply(q, k, v, row, scale, calls, keys_reversed)
     row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
@@ -255,8 +256,9 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
 class CausalSplit(torch.autograd.Function):
     """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
 
-    ``apply(q, k, v, row, scale, keys_reversed)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of H_kv
-    (query head h reads KV head h // (H / H_kv), in the kernel). With ``keys_reversed`` k and v are
+    ``apply(q, k, v, row, scale, calls, keys_reversed)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of
+    H_kv (query head h reads KV head h // (H / H_kv), in the kernel); ``calls`` from ``split_calls``. With
+    ``keys_reversed`` k and v are
     reversed once and ``row`` comes from ``reversed_keys_row``; else each call's queries are reversed
     as it runs, its output and log-sum-exp back after it, and ``row`` comes from ``bias_row`` (cheaper
     where the queries are few beside the keys: a decoding step against a KV cache; ``keys_reversed_pays``).
@@ -264,12 +266,12 @@ class CausalSplit(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, row, scale, keys_reversed):
+    def forward(ctx, q, k, v, row, scale, calls, keys_reversed):
         forward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         work = torch.promote_types(q.dtype, torch.float32)
         if keys_reversed:
             k, v = k.flip(-2), v.flip(-2)  # (B, H_kv, j', d), j' = k_len - 1 - j
-        calls = _calls_in_kernel_order(q.shape[-2], k.shape[-2], keys_reversed)
+        calls = _in_kernel_order(calls, q.shape[-2], k.shape[-2], keys_reversed)
         rows_in, out_of = _query_order(keys_reversed)
 
         def attend(i, j):
@@ -282,7 +284,7 @@ class CausalSplit(torch.autograd.Function):
         lse = q.new_empty(q.shape[:-1], dtype=work)  # (B, H, i)
         blocks = _by_block(calls)
         # one block's bands at a time, merged into its rectangle's rows: a buffer of one block's rows
-        rows = max((i.stop - i.start for (i, _), bands in blocks if bands), default=0)
+        rows = max([0] + [i.stop - i.start for (i, _), bands in blocks if bands])  # (max's default stops dynamo)
         band_out = q.new_empty((*q.shape[:-2], rows, q.shape[-1]), dtype=work)  # (B, H, rows, d)
         band_lse = q.new_empty((*q.shape[:-2], rows), dtype=work)  # (B, H, rows)
         for (i, j), bands in blocks:
@@ -328,13 +330,14 @@ class CausalSplit(torch.autograd.Function):
                                  max(keys_written.stop, j.stop))
         if ctx.keys_reversed:
             dk, dv = dk.flip(-2), dv.flip(-2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def keys_reversed_pays(q_len: int, k_len: int) -> bool:
-    """Whether the causal split should reverse the keys and values (two copies of k_len rows each pass) rather
-    than each call's queries, output and log-sum-exp (up to four copies of q_len rows: a row is in two calls)."""
-    return k_len <= 2 * q_len
+def keys_reversed_pays(calls: list[tuple[range, range]], k_len: int) -> bool:
+    """Whether the causal split should reverse the keys and values (copies of k_len rows, two each pass, held
+    for the whole call) rather than each call's queries and output (copies of the call's rows, two each,
+    held for one call): where the calls' rows add up to more than the keys (rows in a rectangle and a band)."""
+    return k_len < sum(len(rows) for rows, _ in calls)
 
 
 def _query_order(keys_reversed: bool):
@@ -344,11 +347,11 @@ def _query_order(keys_reversed: bool):
     return (lambda x: x.flip(-2)), (lambda x: x.flip(-2))
 
 
-def _calls_in_kernel_order(q_len: int, k_len: int, keys_reversed: bool) -> list[tuple[slice, slice, bool]]:
-    """``split_calls`` as (queries i in query order, keys j in the order the kernel reads them, whether it is the
-    rows' first call)."""
+def _in_kernel_order(split: list[tuple[range, range]], q_len: int, k_len: int, keys_reversed: bool):
+    """``split_calls``' calls as (queries i in query order, keys j in the order the kernel reads them, whether it
+    is the rows' first call)."""
     calls = []
-    for rows, keys in split_calls(q_len, k_len):
+    for rows, keys in split:
         j = slice(k_len - keys.stop, k_len - keys.start) if keys_reversed else slice(keys.start, keys.stop)
         calls.append((_query_rows(rows, q_len), j, keys.start == 0))
     return calls

@@ -117,7 +117,7 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(strided, "SPLIT_ROWS", split_rows)
         patch.setattr(strided, "BAND_ROWS", band_rows)
-        patch.setattr(strided, "keys_reversed_pays", lambda q_len, k_len: keys_reversed)
+        patch.setattr(strided, "keys_reversed_pays", lambda calls, k_len: keys_reversed)
         empty_like = torch.empty_like
         patch.setattr(torch, "empty_like", lambda *args, **kwargs: empty_like(*args, **kwargs).fill_(float("nan")))
         assert strided.split_fits(q, v, 0.0)
@@ -136,7 +136,7 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len
     reversed or the queries."""
     monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
     monkeypatch.setattr(strided, "BAND_ROWS", 3)
-    monkeypatch.setattr(strided, "keys_reversed_pays", lambda q_len, k_len: keys_reversed)
+    monkeypatch.setattr(strided, "keys_reversed_pays", lambda calls, k_len: keys_reversed)
     gen = torch.Generator().manual_seed(8)
     q = torch.randn(2, 4, q_len, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
     k, v = torch.randn(2, 2, 2, k_len, 5, generator=gen, dtype=torch.float64)
@@ -148,11 +148,15 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len
     assert len(strided.split_calls(q_len, k_len)) == n_calls  # rectangles and bands; one call for one row
 
 
-def test_the_split_reverses_the_keys_for_self_attention_and_the_queries_for_a_decoding_step():
-    """Reversing k and v copies k_len rows twice; reversing each call's queries, output and log-sum-exp up to
-    q_len rows four times: one decoding step against a cache of 4096 must not copy the cache."""
-    assert strided.keys_reversed_pays(1024, 1024) and strided.keys_reversed_pays(300, 600)
-    assert not strided.keys_reversed_pays(1, 4096) and not strided.keys_reversed_pays(512, 4096)
+def test_the_split_reverses_the_keys_only_where_that_copies_less():
+    """Reversing k and v copies k_len rows twice; reversing each call's queries and output copies its rows twice.
+    So the keys where rows are in two calls (a rectangle and a band); never the cache of a decoding step."""
+    def pays(q_len, k_len):
+        return strided.keys_reversed_pays(strided.split_calls(q_len, k_len), k_len)
+
+    assert pays(1024, 1024) and pays(4096, 4096)
+    assert not pays(256, 256)  # bands only: each row in one call, copies of 64 rows at a time
+    assert not pays(1, 4096) and not pays(512, 4096)
 
 
 def test_the_split_reads_grouped_kv_heads_without_copying_them(monkeypatch):
