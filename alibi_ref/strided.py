@@ -258,10 +258,10 @@ class CausalSplit(torch.autograd.Function):
 
     ``apply(q, k, v, row, scale, calls, keys_reversed)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of
     H_kv (query head h reads KV head h // (H / H_kv), in the kernel); ``calls`` from ``split_calls``. With
-    ``keys_reversed`` k and v are
-    reversed once and ``row`` comes from ``reversed_keys_row``; else each call's queries are reversed
-    as it runs, its output and log-sum-exp back after it, and ``row`` comes from ``bias_row`` (cheaper
-    where the queries are few beside the keys: a decoding step against a KV cache; ``keys_reversed_pays``).
+    ``keys_reversed`` k and v are reversed once and ``row`` comes from ``reversed_keys_row``; else each
+    call's queries are reversed as it runs, its output and log-sum-exp back after it, and ``row`` comes
+    from ``bias_row`` (cheaper where the queries are few beside the keys, as in a decoding step against a
+    KV cache: ``keys_reversed_pays``).
     Returns (B, H, i, d) in q's dtype; the merge is done in at least float32.
     """
 
