@@ -20,7 +20,9 @@ each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
 j <= k_len - 1 - r0. Each block spends block / 2 keys per row on its own -inf triangle (torch's
 CPU kernel skips no tile of a float mask); smaller blocks waste less but make the kernel's q tiles
 smaller (below 768 rows it uses 64-row tiles). These blocks run off the CPU, with dropout, and
-where ``block`` is given.
+where ``block`` is given. A small causal call (up to ``ONE_CALL_LOGITS`` logits, B H i j) runs as
+one block: there the fixed costs of more kernel calls outweigh the -inf triangle computed for
+nothing.
 
 Causal, split at the diagonal (the CPU's default for float32 and float64): here the *keys* are
 reversed instead, j' = k_len - 1 - j, with their values. The bias then depends on i + j', Hankel
@@ -85,6 +87,9 @@ SCORES_PER_BLOCK = 1 << 22
 # the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), and at most
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
+# below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
+# the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
+ONE_CALL_LOGITS = 1 << 21
 
 
 def causal_block(q_len: int, n_keys: int) -> int:
@@ -99,6 +104,12 @@ def causal_block(q_len: int, n_keys: int) -> int:
     if n_keys >= 2560:
         return 768
     return min(256, max(64, q_len // 4))
+
+
+def one_call_pays(q, k) -> bool:
+    """Whether a causal call is small enough to run as one kernel call (``ONE_CALL_LOGITS``; figures: the README,
+    "What ALiBi costs")."""
+    return q.shape[:-1].numel() * k.shape[-2] <= ONE_CALL_LOGITS  # (B H i) j
 
 
 def bias_row(slopes, q_len: int, k_len: int, causal: bool):
@@ -185,6 +196,8 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
             # to its math path, which refuses a mask with is_causal: the blocks below do it instead
             if "is_causal" not in str(refused):
                 raise
+    if causal and block is None and one_call_pays(q, k):
+        block = q_len
     if causal and block is None and split_fits(q, v, dropout_p):
         if groups > 1 and not _kernel_takes_gqa():
             k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only

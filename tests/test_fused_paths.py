@@ -38,6 +38,12 @@ def kernel_calls(monkeypatch) -> list[bool | str]:
     return calls
 
 
+@pytest.fixture
+def split_always(monkeypatch):
+    """The split causal form at any size: these tests' small calls would otherwise run as one kernel call."""
+    monkeypatch.setattr(strided, "ONE_CALL_LOGITS", 0)
+
+
 def test_the_bias_is_a_strided_view_of_one_row_once_the_queries_are_reversed():
     slopes = torch.tensor([0.5, 0.25, -0.1, 1 / 3], dtype=torch.float64)
     for q_len, k_len, causal in [(6, 6, False), (6, 6, True), (2, 7, True), (7, 3, False), (1, 5, True)]:
@@ -118,6 +124,7 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
         patch.setattr(strided, "SPLIT_ROWS", split_rows)
         patch.setattr(strided, "BAND_ROWS", band_rows)
         patch.setattr(strided, "keys_reversed_pays", lambda calls, k_len: keys_reversed)
+        patch.setattr(strided, "ONE_CALL_LOGITS", 0)
         empty_like = torch.empty_like
         patch.setattr(torch, "empty_like", lambda *args, **kwargs: empty_like(*args, **kwargs).fill_(float("nan")))
         assert strided.split_fits(q, v, 0.0)
@@ -130,7 +137,8 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
 
 @pytest.mark.parametrize("keys_reversed", [True, False])
 @pytest.mark.parametrize(("q_len", "k_len", "n_calls"), [(9, 9, 7), (4, 9, 3), (1, 6, 1)])
-def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, q_len, k_len, n_calls, keys_reversed):
+def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, split_always, q_len, k_len, n_calls,
+                                                keys_reversed):
     """Its backward pass (torch's flash backward per call, handed the merged output and log-sum-exp) against
     finite differences: GQA, a KV cache (q_len < k_len), rectangles and bands of several calls each, the keys
     reversed or the queries."""
@@ -172,7 +180,7 @@ def test_the_split_reads_grouped_kv_heads_without_copying_them(monkeypatch):
     torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
 
 
-def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_calls):
+def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_calls, split_always):
     gen = torch.Generator().manual_seed(9)
     q, k = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(2))
     slopes = torch.tensor(get_slopes(2), dtype=torch.float32)
@@ -185,8 +193,22 @@ def test_dropout_and_a_narrower_v_take_the_blocks_instead_of_the_split(kernel_ca
     assert kernel_calls == ["split"]
 
 
+def test_a_small_causal_call_runs_as_one_kernel_call_and_a_larger_one_split(monkeypatch, kernel_calls):
+    """Up to ONE_CALL_LOGITS logits (B H i j) the split's fixed costs outweigh the -inf triangle it saves."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(3, 2, 40, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    slopes = torch.tensor(get_slopes(2), dtype=torch.float64)
+    expected = alibi_attention(q, k, v, slopes, causal=True, impl="naive")
+    for one_call_logits, form in [(3 * 2 * 40 * 40, [False]), (3 * 2 * 40 * 40 - 1, ["split"])]:
+        monkeypatch.setattr(strided, "ONE_CALL_LOGITS", one_call_logits)
+        kernel_calls.clear()
+        out = strided_alibi_attention(q, k, v, slopes, 8**-0.5, True, 1)
+        assert kernel_calls == form  # one call shown every key (its -inf in the row), or the split
+        torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize(("dtype", "causal"), [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
-def test_the_cpu_default_compiles_with_torch_compile(dtype, causal):
+def test_the_cpu_default_compiles_with_torch_compile(split_always, dtype, causal):
     """torch.compile of a model on the CPU goes through the strided path as one graph (causal 16-bit inputs
     take the split there: the one-call form's bound reads the slopes' values). float32: output and
     gradients as in eager mode; bfloat16 (another path, other roundings): within the bounds the 16-bit
@@ -263,7 +285,7 @@ def test_the_one_call_causal_form_passes_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(lambda q, k, v: strided_alibi_attention(q, k, v, slopes, 0.4, True, 2), inputs)
 
 
-def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(kernel_calls):
+def test_learned_slopes_in_16_bit_run_in_one_kernel_call_and_get_their_gradient(kernel_calls, split_always):
     """torch's fused kernel refuses a mask that needs a gradient (its math path would build every weight):
     the attention runs with the slopes detached, one kernel call here, and SlopesGradient gives them theirs."""
     gen = torch.Generator().manual_seed(5)
