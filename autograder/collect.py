@@ -101,19 +101,38 @@ def _files_of_folder(folder: Path, assignment: str,
     return found, _modules_beside(taken, modules)
 
 
-def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, ...], tuple]) -> dict[str, bytes | str]:
+def modules_for_validate(notebook: bytes, folder: Path) -> tuple[dict[str, str], str]:
+    """For a student's Validate of ``notebook`` in ``folder``: ({NAME: source} of the modules there that grading
+    would hand it, by ``_modules_beside``'s rules, leaving out one that is not UTF-8 text, which cannot run;
+    the note grading's row would give on the modules it imports and grading would not hand it, or "").
+    So Validate screens what grading will run, reads no more of the folder than grading would, and says
+    before grading what would fail there."""
+    modules = {(p.name,): (p.stat().st_size, p.read_bytes) for p in sorted(folder.glob("*.py")) if p.is_file()}
+    beside = _modules_beside([("notebook.ipynb",)], modules, beside=folder)
+    sources = {}
+    for name, source in beside.items():
+        if isinstance(source, bytes):
+            with contextlib.suppress(UnicodeDecodeError):
+                sources[name] = source.decode("utf-8")
+    return sources, _modules_not_handed_over(notebook, beside)
+
+
+def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, ...], tuple],
+                    beside: Path | None = None) -> dict[str, bytes | str]:
     """{NAME: source, or why it is not handed over} for the Python modules in a folder that holds one of the
     assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands them to
     the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import; a module that has
     an installed module's or the standard library's name is not handed over (the kernel's path puts the
-    student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES."""
+    student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES. ``beside``:
+    the folder the modules are in, where that is on this Python's path (Validate's): no module there counts as
+    installed."""
     folders = {parts[:-1] for parts in notebooks}
     found: dict[str, bytes | str] = {}
     for parts, (size, read) in modules.items():
         stem = parts[-1].removesuffix(".py")
         if parts[:-1] not in folders or not is_module_name(stem) or stem in found:
             continue
-        if stem in sys.stdlib_module_names or _installed(stem):
+        if stem in sys.stdlib_module_names or _installed(stem, beside):
             found[stem] = f"{'the standard library' if stem in sys.stdlib_module_names else 'an installed package'} " \
                           "has a module of that name, which the notebook gets instead when graded: rename it"
         elif size > MAX_MODULE_BYTES:
@@ -138,14 +157,17 @@ def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -
                      for name in sorted(imported) if isinstance(modules[name], str)))
 
 
-def _installed(name: str) -> bool:
+def _installed(name: str, beside: Path | None = None) -> bool:
     """Whether ``import name`` finds a module in the grader's Python (a namespace package, which a folder in
-    the working directory makes, is none). Finding one imports nothing for a name without dots."""
+    the working directory makes, is none; nor is a module in ``beside``). Finding one imports nothing for a
+    name without dots."""
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return False
-    return spec is not None and spec.origin not in (None, "namespace")
+    if spec is None or spec.origin in (None, "namespace"):
+        return False
+    return beside is None or Path(spec.origin).resolve().parent != beside.resolve()
 
 
 def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -404,6 +405,32 @@ def _fail(cell, why: str) -> None:
     cell.outputs.append(error_output("Flagged", why))
 
 
+def _validate_failures(nb, resources: dict) -> dict:
+    """{test cell's index: the error output Validate gives it}: the screen's flags, as grading gives them, and,
+    where the notebook imports a module of the student's that grading will not hand it (too large, the
+    standard library's name, ...), every test cell, saying so: there the import fails."""
+    import nbformat
+
+    from .collect import modules_for_validate  # (collect imports this module)
+    from .verdicts import error_output
+
+    # the modules beside the notebook, which its kernel imports from its folder, as grading will hand them
+    folder = Path(resources.get("metadata", {}).get("path") or ".")
+    sources, not_handed_over = modules_for_validate(nbformat.writes(nb).encode(), folder)
+    def shown_whole(error):
+        error.traceback = textwrap.wrap(error.traceback[0], 80)  # Validate's report cuts each line at 87 characters
+        return error
+
+    failures = {index: shown_whole(error_output("Flagged", why))
+                for index, why in flagged_test_cells(nb, screen_notebook(nb, imported_modules(nb, sources))).items()}
+    if not_handed_over:
+        missing = shown_whole(error_output("NotHandedOver", f"when graded, this notebook {not_handed_over}"))
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
+                failures.setdefault(index, missing)
+    return failures
+
+
 def screen_in_validate() -> None:
     """Make nbgrader's Validate fail the test cells the screen flags, as grading will.
 
@@ -421,13 +448,10 @@ def screen_in_validate() -> None:
     def on_cell_executed(self, **kwargs):
         recorded(self, **kwargs)
         if getattr(self, "_screened", (None,))[0] is not self.nb:
-            # the modules beside the notebook, which its kernel imports from its folder, as grading will
-            folder = Path((getattr(self, "resources", None) or {}).get("metadata", {}).get("path") or ".")
-            student_modules = imported_modules(self.nb, module_sources(folder))
-            self._screened = self.nb, flagged_test_cells(self.nb, screen_notebook(self.nb, student_modules))
-        why = self._screened[1].get(kwargs["cell_index"])
-        if why:
-            _fail(kwargs["cell"], why)
+            self._screened = self.nb, _validate_failures(self.nb, (getattr(self, "resources", None) or {}))
+        error = self._screened[1].get(kwargs["cell_index"])
+        if error:
+            kwargs["cell"].outputs.append(error)
 
     on_cell_executed.screens = True
     Execute.on_cell_executed = on_cell_executed

@@ -6,6 +6,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -467,17 +468,32 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
     ada.cells.insert(1, nbformat.v4.new_code_cell("import tools"))
     nbformat.write(ada, tmp_path / "module.ipynb")
     (tmp_path / "tools.py").write_text("import sys\n\nsys.setprofile(None)\n")
+    # one that grading would not hand over (over 1 MiB) is not read, and Validate says what grading will do
+    ada.cells[1].source = "import big_tools"
+    nbformat.write(ada, tmp_path / "big.ipynb")
+    reaching = "import sys\n\n\ndef never_called():\n    sys.modules['alibi_ref.course.checks'].check = print\n"
+    (tmp_path / "big_tools.py").write_text(reaching + "#" * 2**20 + "\n")
     said = {}
-    for name in ("honest", "flagged", "module"):
+    for name in ("honest", "flagged", "module", "big"):
         run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / f"{name}.ipynb")],
                              cwd=ROOT / "course", capture_output=True, text=True, check=False)
         said[name] = run.stdout + run.stderr
     assert "Success! Your notebook passes all the tests." in said["honest"], said["honest"]
-    assert said["flagged"].count("Flagged: no points for this exercise: cell 'softmax', line 3: reaches modules") == 4
+    def reasons(said: str) -> str:
+        """Validate's report with each reason's wrapped lines joined again (it cuts a line at 87 characters)."""
+        return re.sub(r"\n +(?=\S)(?!The error was|The following)", " ", said)
+
+    assert reasons(said["flagged"]).count(
+        "Flagged: no points for this exercise: cell 'softmax', line 3: reaches modules without an import statement "
+        "(sys.modules), which no exercise needs") == 4
     assert "Success" not in said["flagged"]
-    # (Validate's report cuts the reason short after the cell's name)
-    assert said["module"].count("Flagged: no points for this exercise: cell 'a module you handed in (tools.py)'") \
-        == 4, said["module"]
+    assert reasons(said["module"]).count(
+        "Flagged: no points for this exercise: cell 'a module you handed in (tools.py)', line 3") == 4, said["module"]
+    assert "Success" not in said["big"] and "Flagged" not in said["big"], said["big"]
+    not_handed_over = ("NotHandedOver: when graded, this notebook imports big_tools.py, handed in beside it, which "
+                       "grading does not hand over: larger than 1 MiB")
+    assert reasons(said["big"]).count(not_handed_over) == 4, said["big"]
+    assert "..." not in said["big"]  # the whole reason shown
 
 
 # ----------------------------------------------------------------------------- collecting submissions
