@@ -417,17 +417,18 @@ def _validate_failures(nb, resources: dict) -> dict:
     # the modules beside the notebook, which its kernel imports from its folder, as grading will hand them
     folder = Path(resources.get("metadata", {}).get("path") or ".")
     sources, not_handed_over = modules_for_validate(nbformat.writes(nb).encode(), folder)
-    def shown_whole(error):
+
+    def shown_whole(ename: str, evalue: str):
+        error = error_output(ename, evalue)
         error.traceback = textwrap.wrap(error.traceback[0], 80)  # Validate's report cuts each line at 87 characters
         return error
 
-    failures = {index: shown_whole(error_output("Flagged", why))
+    failures = {index: shown_whole("Flagged", why)
                 for index, why in flagged_test_cells(nb, screen_notebook(nb, imported_modules(nb, sources))).items()}
     if not_handed_over:
-        missing = shown_whole(error_output("NotHandedOver", f"when graded, this notebook {not_handed_over}"))
         for index, cell in enumerate(nb.cells):
-            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
-                failures.setdefault(index, missing)
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade") and index not in failures:
+                failures[index] = shown_whole("NotHandedOver", f"when graded, this notebook {not_handed_over}")
     return failures
 
 
@@ -437,7 +438,8 @@ def screen_in_validate() -> None:
     Called from the students' nbgrader_config.py. nbgrader's Execute, which Validate runs, uses nbclient's
     ``on_cell_executed`` hook as a method of its own (to record errors), and Validate's list of
     preprocessors is not configurable, so the method is wrapped: after nbgrader's own, a flagged test
-    cell gets the Flagged error the autograder gives it. Wrapping twice is a no-op.
+    cell gets the Flagged error the autograder gives it, and every test cell of a notebook that imports a
+    module grading will not hand over gets NotHandedOver (``_validate_failures``). Wrapping twice is a no-op.
     """
     from nbgrader.preprocessors import Execute
 
