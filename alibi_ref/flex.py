@@ -54,10 +54,14 @@ def _causal_block_mask(q_len: int, k_len: int, device):
 
 def _offset(q_len: int, k_len: int, device):
     """k_len - q_len as a tensor, not an int, so that a decoding loop's growing offset needs no
-    recompilation; int32 like the kernel's indices (int64 made its index arithmetic 64-bit)."""
+    recompilation; int32 like the kernel's indices (int64 made its index arithmetic 64-bit).
+
+    Filled on the device, not copied from the host: ``torch.tensor(..., device="cuda")`` copies
+    from pageable memory and waits for the stream, which stalls a model's queued kernels at every
+    attention call (and is not allowed while a CUDA graph is captured)."""
     import torch
 
-    return torch.tensor(k_len - q_len, device=device, dtype=torch.int32)
+    return torch.full((), k_len - q_len, device=device, dtype=torch.int32)
 
 
 @over_flat_batch

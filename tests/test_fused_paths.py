@@ -527,6 +527,25 @@ def test_auto_uses_flex_on_cuda_for_long_sequences():
         assert choose_impl("auto", q, Dims(8, 8, n, n, 16), False) == expected
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_flex_path_never_waits_for_the_gpu(causal):
+    """A model queues its kernels ahead of the GPU; a call that copies a number from the host and
+    waits (as the kernel's offset once did) stalls that queue at every layer. Once warm (compiled,
+    block mask built), the CUDA default path must queue its work without one synchronisation."""
+    q, k, v = (torch.randn(1, 8, FUSED_MIN_LEN, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    slopes = torch.tensor(get_slopes(8), device="cuda")
+    alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == q.shape
+
+
 # ----------------------------------------------------------------------------- subnormal floats
 
 _SUBNORMAL_PROBE = textwrap.dedent("""
