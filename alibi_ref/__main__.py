@@ -147,14 +147,15 @@ def main(argv=None) -> None:
                    help="alibi, sinusoidal, rotary, none, learned (default: all)")
     p.set_defaults(run=cmd_extrapolate)
 
-    from .lab.bench import DTYPES, PATHS
+    from .lab.bench import DEFAULT_PATHS, DTYPES, PATHS
 
     p = sub.add_parser("bench", parents=[device], help="time and memory of each ALiBi path against plain SDPA")
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeat", type=int, default=10, help="timed runs per measurement; the median is reported")
-    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(DEFAULT_PATHS),
+                   help="default: all but flex_no_bias (FlexAttention with no bias, a floor for flex_compiled)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="of q, k and v")
     p.add_argument("--backward", action="store_true", help="also time forward+backward (training), beside forward")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")

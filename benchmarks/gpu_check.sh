@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check of alibi_ref (README, "To check a GPU"), prepared for a lent GPU machine's short time:
 #
-#   bash benchmarks/gpu_check.sh tests 4096    # first call, at most 9 minutes (run with timeout_s=600): the CUDA tests, then the N = 4096 table
-#   bash benchmarks/gpu_check.sh 16384         # second call, on the still-warm machine
+#   bash benchmarks/gpu_check.sh               # one call, timeout_s=590: a session's 15 device minutes hold one
+#
+# Measured on an H200 (2026-11-26): env 6 s, tests 63 s, a bench size ~11 s a row (a fresh
+# process each, FlexAttention compiled in each), so 20 rows of five paths took 215 s at N = 4096
+# and did not finish in 300 s at N = 16384. The bench's default paths here are the three that
+# decide `auto` (12 rows a size); PATHS="..." names others (strided_mask and sdpa_float_bias ran
+# 2-18x plain there: README, "To check a GPU"). The stages run in order of what matters most.
 #
 # Stages run in the order given, each under its own time limit so that one that hangs leaves the
 # others their time; `bench` prints and saves each row as it finishes, so a stage cut short keeps
@@ -18,7 +23,8 @@ py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # torch, JAX and numpy newer than this machine's may warn of what they will change; not this check's subject
 pytest_=("$py" -m pytest -p no:cacheprovider -q -W "default::FutureWarning" -W "default::DeprecationWarning")
-[ $# -gt 0 ] || set -- env tests jax 4096 16384 reset
+[ $# -gt 0 ] || set -- env tests 16384 4096 reset jax
+paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 
 stage() {  # name, seconds, command...: run it, show its tail, keep all of it in $out/name.txt
     local name=$1 limit=$2
@@ -39,15 +45,16 @@ print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda, \"cuDNN\", tor
 print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'; \
 $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hypothesis|pytest) '" ;;
     tests)  # every torch test on cuda (the CPU runs are make test's): paths, bias, padding, the layer, the CLI
-        stage tests 200 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
+        stage tests 150 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
             tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py ;;
     jax)  # JAX puts arrays on its default device: the GPU where jax-cuda is installed
-        stage jax 150 bash -c "$py -c 'import jax; print(\"JAX on\", jax.devices())' && ${pytest_[*]} tests/test_jax.py" ;;
+        stage jax 120 bash -c "$py -c 'import jax; print(\"JAX on\", jax.devices())' && ${pytest_[*]} tests/test_jax.py" ;;
     reset)  # what the checks' per-check dynamo.reset() costs a student's next compiled call on CUDA
-        stage reset 120 "$py" benchmarks/dynamo_reset_cost.py ;;
+        stage reset 90 "$py" benchmarks/dynamo_reset_cost.py ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
-        stage "bench-$what" 300 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
-            --paths plain_sdpa alibi_default strided_mask flex_compiled sdpa_float_bias --output "$out/bench-$what" ;;
+        # shellcheck disable=SC2086  # $paths: one word per path
+        stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
+            --paths $paths --output "$out/bench-$what" ;;
     *)
         echo "unknown stage '$what': expected env, tests, jax, reset or a sequence length" >&2
         exit 2 ;;

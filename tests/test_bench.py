@@ -90,8 +90,22 @@ def test_the_summary_names_the_fastest_path_beside_autos_choice():
 
     rows = [row("plain_sdpa", 1.0), row("alibi_default", 1.3), row("strided_mask", 1.1),
             {**row("flex_compiled", 0.0), "error": "no compiler"},  # a failed path is no contender
-            row("plain_sdpa", 1.0, True), row("alibi_default", 1.05, True), row("sdpa_float_bias", 2.0, True)]
+            row("plain_sdpa", 1.0, True), row("alibi_default", 1.05, True), row("sdpa_float_bias", 2.0, True),
+            row("flex_no_bias", 0.9, True)]  # a floor with no ALiBi in it, never "the fastest ALiBi path"
     del rows[3]["ratio"]
     assert fastest(rows).splitlines() == ["fastest ALiBi path, x plain SDPA:",
                                           "N = 64, symmetric, fwd: strided_mask 1.10x (alibi_default 1.30x)",
                                           "N = 64, causal, fwd: alibi_default 1.05x"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_with_no_bias_is_plain_attention(causal):
+    """The floor that splits flex_compiled's cost into the kernel's own gap and ALiBi's: the same
+    attention as plain SDPA, under the same causal block mask as the ALiBi calls."""
+    import torch
+
+    from alibi_ref.lab.bench import _path
+
+    q, k, v = torch.randn(3, 1, 2, 128, 16, generator=torch.Generator().manual_seed(0))
+    flex, plain = (_path(name, None, causal) for name in ("flex_no_bias", "plain_sdpa"))
+    torch.testing.assert_close(flex(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-5)

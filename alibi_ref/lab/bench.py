@@ -6,7 +6,8 @@ For each sequence length N and causal flag it runs, each in a fresh process so t
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
 float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
-with ALiBi as a score_mod. It prints the median time, the ratio to the floor (timed in turn
+with ALiBi as a score_mod (and, asked for by name, FlexAttention with no bias:
+``flex_no_bias``). It prints the median time, the ratio to the floor (timed in turn
 with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, then the
 fastest ALiBi path of each setting beside what alibi_default ran at (``fastest``), and writes
 bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.denormals
@@ -27,10 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-# each path but the floor is alibi_attention with this impl ("auto": what it picks by itself)
+# each path but the floors is alibi_attention with this impl ("auto": what it picks by itself)
 IMPL_OF_PATH = {"alibi_default": "auto", "naive": "naive", "sdpa_float_bias": "sdpa", "strided_mask": "strided",
                 "flex_compiled": "flex"}
-PATHS = ("plain_sdpa", *IMPL_OF_PATH)
+# no bias at all: plain SDPA, the floor every ratio is taken to; and FlexAttention's own kernel with
+# nothing to add, asked for by name, which splits flex_compiled's ratio into the kernel's gap to
+# plain SDPA and what ALiBi's score_mod adds to it
+FLOORS = ("plain_sdpa", "flex_no_bias")
+PATHS = (*FLOORS, *IMPL_OF_PATH)
+DEFAULT_PATHS = ("plain_sdpa", *IMPL_OF_PATH)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -41,6 +47,14 @@ def _path(name: str, slopes, causal: bool):
 
     if name == "plain_sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if name == "flex_no_bias":
+        from ..flex import _causal_block_mask, _compiled_flex_attention
+
+        def flex(q, k, v):  # the block mask that flex_compiled's causal calls use too
+            mask = _causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+            return _compiled_flex_attention()(q, k, v, block_mask=mask)
+
+        return flex
     if name not in IMPL_OF_PATH:
         raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
     return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=IMPL_OF_PATH[name])
@@ -216,7 +230,7 @@ def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
     return {**timed, "peak_bytes": memory.get("peak_bytes", float("nan"))}
 
 
-def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=PATHS,
+def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=DEFAULT_PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
         dtype: str = "float32", default_malloc: bool = False, backward: bool = False, batch: int = 1) -> list[dict]:
     """Every path at every size, both masks; with ``backward`` a forward+backward row beside each forward one.
@@ -271,7 +285,7 @@ def fastest(rows: list[dict]) -> str:
     lines = []
     for key in dict.fromkeys((r["n"], r["causal"], r.get("pass", "fwd")) for r in rows):
         timed = [r for r in rows if (r["n"], r["causal"], r.get("pass", "fwd")) == key and "ratio" in r
-                 and r["path"] != "plain_sdpa"]
+                 and r["path"] not in FLOORS]
         if not timed:
             continue
         best = min(timed, key=lambda r: r["ratio"])
