@@ -32,7 +32,14 @@ from alibi_ref.course.checks import MIME as CHECK_MIME
 
 from .compile_cache import lend
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
-from .screen import MODULES, fail_flagged_exercises, imported_modules, module_sources, screen_notebook
+from .screen import (
+    MODULES,
+    fail_flagged_exercises,
+    imported_modules,
+    module_sources,
+    run_scripts,
+    screen_notebook,
+)
 from .verdicts import error_output as _error
 
 
@@ -104,6 +111,10 @@ class SandboxedExecute(Execute):
             (self._scratch / MODULES).mkdir()
             for name, source in student_modules.items():
                 (self._scratch / MODULES / f"{name}.py").write_text(source, encoding="utf-8")
+            # a script the notebook %runs by file name is looked for in the working folder, as beside the
+            # notebook in the student's Jupyter (screened like the modules: run_scripts, imported_modules)
+            for name in run_scripts(nb)[0] & set(student_modules):
+                (self._scratch / f"{name}.py").write_text(student_modules[name], encoding="utf-8")
         if self.compile_cache_dir:
             lend(Path(self.compile_cache_dir) / resources.get("nbgrader", {}).get("assignment", ""), self._scratch, nb)
         start = time.monotonic()

@@ -23,8 +23,8 @@ what no answer needs and only a reach for the reference or around that guard doe
   private names of the course's helpers (``checks._lend``).
 
 Answer cells are held to all of it; cells the student added, to what lasts (``Finding.lasting``), and
-so are the Python modules handed in beside a notebook that its cells import (``imported_modules``):
-a lasting finding in one fails every test cell of the notebook.
+so are the Python modules handed in beside a notebook that its cells import or ``%run``
+(``imported_modules``): a lasting finding in one fails every test cell of the notebook.
 A finding fails its exercise's test cell; one that lasts, every test cell after it
 (``flagged_test_cells``). The autograder applies it after running a notebook (``execute.py``),
 and Validate, through the students' nbgrader_config.py, the same way (``screen_in_validate``).
@@ -33,7 +33,9 @@ and Validate, through the students' nbgrader_config.py, the same way (``screen_i
 from __future__ import annotations
 
 import ast
+import itertools
 import re
+import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,11 +310,37 @@ def _imported_names(tree: ast.AST) -> set[str]:
     return names
 
 
+def run_scripts(nb) -> tuple[set[str], set[str]]:
+    """What the notebook's ``%run`` lines run: (scripts by file name, ``%run helpers.py`` or ``%run -i
+    helpers``, as module names; modules by name, ``%run -m helpers``). A script is looked for in the
+    kernel's working folder, so grading puts those of the student's there (``execute``); only scripts
+    in the notebook's own folder count, as only those are handed in."""
+    scripts, modules = set(), set()
+    for cell in nb.cells:
+        for line in cell.source.splitlines() if cell.cell_type == "code" else ():
+            words = line.split()
+            if not words or words[0] != "%run":
+                continue
+            try:
+                words = shlex.split(line.strip()[len("%run"):])
+            except ValueError:
+                continue  # unbalanced quotes: IPython refuses the line as well
+            options = list(itertools.takewhile(lambda word: word.startswith("-"), words))
+            if len(words) == len(options):
+                continue
+            target = words[len(options)]  # what follows is the script's own argv
+            if "-m" in options:
+                modules.add(target)
+            elif str(Path(target).parent) == "." and Path(target).suffix in (".py", ""):
+                scripts.add(Path(target).stem)  # IPython adds .py to a name it does not find as it is
+    return scripts, modules
+
+
 def imported_modules(nb, sources: dict[str, str]) -> dict[str, str]:
-    """Those of the student's ``sources`` that the notebook's code cells import, and those they import in
-    turn: the modules grading hands the notebook. One nothing imports is left out: no code of the student's
-    then runs unscreened, as a module some installed package looks for by name would."""
-    wanted = set()
+    """Those of the student's ``sources`` that the notebook's code cells import or ``%run``, and those they
+    import in turn: the modules grading hands the notebook. One nothing imports is left out: no code of the
+    student's then runs unscreened, as a module some installed package looks for by name would."""
+    wanted = set().union(*run_scripts(nb)) & set(sources)
     for cell in nb.cells:
         tree = _parse(cell) if cell.cell_type == "code" else None
         wanted |= _imported_names(tree) & set(sources) if tree is not None else set()

@@ -1358,6 +1358,27 @@ def test_the_modules_a_notebook_imports_are_screened_as_cells_of_its_own_and_no_
     assert [f.cell for f in screen_notebook(nb, imported_modules(nb, sources))] == [findings[0].cell]
 
 
+def test_the_scripts_a_notebook_runs_with_percent_run_are_handed_over_and_screened_like_modules():
+    """``%run helpers.py`` (IPython runs the script in the notebook's namespace): grading had no copy of it in
+    the kernel's folder, so an answer using what it defines raised NameError. The scripts run by file name
+    (beside the notebook), or by module name with -m, are handed over and screened as modules are."""
+    from autograder.screen import imported_modules, run_scripts
+
+    nb = _notebook_with_answer("y = head(1)")
+    nb.cells[0:0] = [nbformat.v4.new_code_cell(source) for source in (
+        "%run helpers.py", "%run -i -t more --an argv.py", "x = 1\n  %run -m by_name", "%run ../elsewhere.py",
+        "%run 'unbalanced", "print('%run not_a_magic.py')")]
+    assert run_scripts(nb) == ({"helpers", "more"}, {"by_name"})
+    sources = {name: "def head(x):\n    return x\n" for name in ("helpers", "more", "by_name", "elsewhere",
+                                                                     "not_a_magic", "argv")}
+    assert sorted(imported_modules(nb, sources)) == ["by_name", "helpers", "more"]
+    assert screen_notebook(nb, imported_modules(nb, sources)) == []
+    # a script is code of the student's own: what lasts in it fails every test cell
+    sources["more"] = "import sys\nsys.setprofile(None)\n"
+    findings = screen_notebook(nb, imported_modules(nb, sources))
+    assert [(f.cell, f.line, f.lasting) for f in findings] == [("a module you handed in (more.py)", 2, True)]
+
+
 FLAX_MHA = """
 import jax, jax.numpy as jnp
 from flax import linen as nn
