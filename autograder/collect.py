@@ -50,6 +50,8 @@ MAX_READ_BYTES = 256 * 2**20  # what is read at all
 EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 MAX_MODULE_BYTES = 2**20  # a Python module handed in beside the notebooks (``_modules_beside``)
 MAX_MODULES = 50
+# what Jupyter adds to a notebook's name for its checkpoint, in .ipynb_checkpoints/ beside it
+CHECKPOINT = "-checkpoint"
 
 
 @dataclass
@@ -85,7 +87,7 @@ def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: boo
 def _files_of_folder(folder: Path, assignment: str,
                      own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes | str]]:
     """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
-    paths = [p for p in sorted(folder.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and p.is_file()]
+    paths = [p for p in sorted(folder.rglob("*.ipynb")) if p.is_file()]  # checkpoints too: see _renamed
     parts = [p.relative_to(folder).parts for p in paths]
     any_in_folder = any(assignment in q[:-1] for q in parts)
     found, taken = {}, []
@@ -95,7 +97,7 @@ def _files_of_folder(folder: Path, assignment: str,
             size = path.stat().st_size
             found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
     # only the folders that hold a notebook taken: the tree was walked once already, for the notebooks
-    beside = sorted({folder.joinpath(*q[:-1]) for q in taken})
+    beside = sorted({folder.joinpath(*_ran_in(q)) for q in taken})
     modules = {p.relative_to(folder).parts: (p.stat().st_size, p.read_bytes)
                for where in beside for p in sorted(where.glob("*.py")) if p.is_file()}
     return found, _modules_beside(taken, modules)
@@ -126,7 +128,7 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
     student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES. ``beside``:
     the folder the modules are in, where that is on this Python's path (Validate's): no module there counts as
     installed."""
-    folders = {parts[:-1] for parts in notebooks}
+    folders = {_ran_in(parts) for parts in notebooks}
     found: dict[str, bytes | str] = {}
     for parts, (size, read) in modules.items():
         stem = parts[-1].removesuffix(".py")
@@ -205,7 +207,7 @@ def _files_of_zip(path: Path, assignment: str,
 def _plain_name(stem: str) -> str:
     """A notebook's name without what downloads and copies add: "01_bias (1)", "01_bias-Copy1", "01_Bias_copy"."""
     stem = stem.lower().strip()
-    while (shorter := re.sub(r"(\s*\(\d+\)|[-_ ]copy\d*|-\d+)$", "", stem).strip()) != stem:
+    while (shorter := re.sub(rf"(\s*\(\d+\)|[-_ ]copy\d*|-\d+|{CHECKPOINT})$", "", stem).strip()) != stem:
         stem = shorter
     return stem
 
@@ -239,7 +241,8 @@ def _renamed(files: dict[str, bytes], releases: dict) -> dict[str, str]:
     name that is it: the one holding most of the grade ids that are its alone (no other notebook of the
     assignment has them: "readonly-03" may be in every one), or, where none does, the one whose name is its
     name once what downloads and copies add is taken off ("01_bias (1)", "01_bias-Copy1"; an LMS's prefix).
-    Best pairs first, each notebook given once."""
+    Best pairs first, each notebook given once; Jupyter's checkpoint of a notebook (``.ipynb_checkpoints/
+    NAME-checkpoint.ipynb``, its last explicit save) only where no other notebook handed in is it."""
     ids = {name: {_grade_id(c) for c in release.cells} - {None} for name, release in releases.items()}
     missing = {name: own - set().union(*(ids[other] for other in ids if other != name))
                for name, own in ids.items() if name not in files}
@@ -249,12 +252,22 @@ def _renamed(files: dict[str, bytes], releases: dict) -> dict[str, str]:
         for name, own in missing.items():
             likeness = (len(held & own), _plain_name(stem).endswith(_plain_name(name)))
             if any(likeness):
-                pairs.append((likeness, stem, name))
+                pairs.append(((not _is_checkpoint(stem), *likeness), stem, name))
     found: dict[str, str] = {}
     for _, stem, name in sorted(pairs, reverse=True):
         if name not in found and stem not in found.values():
             found[name] = stem
     return found
+
+
+def _is_checkpoint(stem: str) -> bool:
+    return stem.endswith(CHECKPOINT)
+
+
+def _ran_in(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The folder a notebook at ``parts`` ran in, beside its modules: a checkpoint's, the one above
+    .ipynb_checkpoints/."""
+    return parts[:-2] if parts[-2:-1] == (".ipynb_checkpoints",) else parts[:-1]
 
 
 def _grade_id(cell) -> str | None:
@@ -562,7 +575,8 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
             continue
         renamed = _renamed(files, releases)
-        unused = sorted(set(files) - set(releases) - set(renamed.values()))
+        # a checkpoint left over beside its notebook is no notebook handed in in its own right
+        unused = sorted(stem for stem in set(files) - set(releases) - set(renamed.values()) if not _is_checkpoint(stem))
         for name, release in releases.items():
             handed_in = renamed.get(name, name)
             if handed_in not in files:  # missing: say what was handed in instead, for the instructor to look at
@@ -572,7 +586,9 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
                 continue
             cleaned, note = _clean(files[handed_in], release)
             if handed_in != name:
-                note = _joined(f"graded {handed_in}.ipynb as {name}.ipynb", note)
+                note = _joined(f"graded {handed_in}.ipynb as {name}.ipynb"
+                               + (" (Jupyter's last checkpoint of it: the notebook itself was not handed in)"
+                                  if _is_checkpoint(handed_in) else ""), note)
             if cleaned is None:
                 submission.problems[name] = ("unreadable", note)
             else:

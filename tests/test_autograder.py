@@ -704,6 +704,51 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     assert bob.files == {"student_modules/helpers.py": b"# bob's\n"} and name not in bob.notes
 
 
+@pytest.mark.parametrize("packed", ["folder", "zip"])
+def test_a_checkpoint_is_graded_only_where_its_notebook_was_not_handed_in(tmp_path, packed):
+    """Jupyter keeps each notebook's last explicit save in .ipynb_checkpoints/. Folders skipped it and zips took
+    it as any other notebook, so one hand-in was graded two ways. Now both take the notebook where it was
+    handed in, under its name or another, and its checkpoint only where it was not (the row says so), with the
+    modules of the folder the notebook ran in, above .ipynb_checkpoints/."""
+    from autograder.make_sample_class import filled
+
+    name = "02_worked_example"
+
+    def marked(which, drop_a_test=False):
+        nb = filled(name)
+        nb.cells.insert(1, nbformat.v4.new_code_cell(f"import helpers  # {which}"))
+        if drop_a_test:  # a notebook holding fewer of the assignment's grade ids than its checkpoint
+            nb.cells.remove(next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")))
+        return nbformat.writes(nb).encode()
+
+    checkpoint = f"alibi/.ipynb_checkpoints/{name}-checkpoint.ipynb"
+    hand_ins = {
+        "ann": {checkpoint: marked("checkpoint"), "alibi/helpers.py": b"# ann's\n"},
+        "bob": {checkpoint: marked("checkpoint"), f"alibi/{name}.ipynb": marked("notebook")},
+        "cy": {checkpoint: marked("checkpoint"), f"alibi/{name} (1).ipynb": marked("renamed", drop_a_test=True)},
+    }
+    for student, files in hand_ins.items():
+        if packed == "zip":
+            with zipfile.ZipFile(tmp_path / f"{student}.zip", "w") as archive:
+                for path, data in files.items():
+                    archive.writestr(f"{student}/{path}", data)
+        else:
+            for path, data in files.items():
+                (tmp_path / student / path).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / student / path).write_bytes(data)
+    ann, bob, cy = collect(tmp_path, {n: RELEASE / f"{n}.ipynb" for n in ("01_slopes_and_bias", name)}, "alibi")
+
+    def taken(submission):
+        return nbformat.reads(submission.notebooks[name].decode(), as_version=4).cells[1].source.split("# ")[-1]
+
+    assert (taken(ann), taken(bob), taken(cy)) == ("checkpoint", "notebook", "renamed")
+    assert ann.notes[name].startswith(f"graded {name}-checkpoint.ipynb as {name}.ipynb (Jupyter's last checkpoint")
+    assert ann.files == {"student_modules/helpers.py": b"# ann's\n"}, "the modules beside the notebook it saves"
+    assert "checkpoint" not in bob.notes.get(name, "") and cy.notes[name].startswith(f"graded {name} (1).ipynb")
+    # a checkpoint left beside its notebook is not listed as a notebook taken for none of the assignment's
+    assert all("01_slopes_and_bias" not in s.notes for s in (ann, bob, cy))
+
+
 def _collected(tmp_path, nb, name="02_worked_example"):
     """``nb`` handed in by one student and read by ``collect``: the notebook it grades, and the note."""
     folder = tmp_path / "student"
