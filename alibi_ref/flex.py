@@ -46,10 +46,14 @@ def _causal_block_mask(q_len: int, k_len: int, device):
     N = 16384 on an H100: the README's CUDA paragraph); torch 2.13's CPU compiler fails on it
     for q_len = 1, so the CPU builds it eagerly."""
     import torch
+
+    return _block_mask(q_len, k_len, device, _offset(q_len, k_len, device), torch.device(device).type == "cuda")
+
+
+def _block_mask(q_len: int, k_len: int, device, offset, compiled: bool = False):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(causal_mask(_offset(q_len, k_len, device)), None, None, q_len, k_len, device=device,
-                             _compile=torch.device(device).type == "cuda")
+    return create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=device, _compile=compiled)
 
 
 def _offset(q_len: int, k_len: int, device):
@@ -67,7 +71,19 @@ def _offset(q_len: int, k_len: int, device):
 @over_flat_batch
 def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
     """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
+    import torch
+
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if torch.compiler.is_compiling():
+        # inside a model being compiled the trace builds the mask, and the offset stays a number of the trace
+        # (an int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the
+        # graph (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
+        from torch.nn.attention.flex_attention import flex_attention
+
+        offset = k_len - q_len
+        block_mask = _block_mask(q_len, k_len, q.device, offset) if causal else None
+        return flex_attention(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset), block_mask=block_mask,
+                              scale=scale, enable_gqa=groups > 1)
     block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
     score_mod = alibi_score_mod(slopes.float(), _offset(q_len, k_len, q.device))
     return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
