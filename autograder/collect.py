@@ -40,7 +40,7 @@ from pathlib import Path
 
 import nbformat
 
-from .screen import MODULES, imported_modules, is_module_name
+from .screen import MODULES, imported_modules, is_script_name
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
@@ -123,7 +123,8 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
                     beside: Path | None = None) -> dict[str, bytes | str]:
     """{NAME: source, or why it is not handed over} for the Python modules in a folder that holds one of the
     assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands them to
-    the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import; a module that has
+    the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import, or ``%run`` can
+(``is_script_name``: ``hw1-helpers.py``); a module that has
     an installed module's or the standard library's name is not handed over (the kernel's path puts the
     student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES. ``beside``:
     the folder the modules are in, where that is on this Python's path (Validate's): no module there counts as
@@ -132,7 +133,7 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
     found: dict[str, bytes | str] = {}
     for parts, (size, read) in modules.items():
         stem = parts[-1].removesuffix(".py")
-        if parts[:-1] not in folders or not is_module_name(stem) or stem in found:
+        if parts[:-1] not in folders or not is_script_name(stem) or stem in found:
             continue
         if stem in sys.stdlib_module_names or _installed(stem, beside):
             found[stem] = f"{'the standard library' if stem in sys.stdlib_module_names else 'an installed package'} " \

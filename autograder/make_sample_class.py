@@ -250,12 +250,12 @@ def honest_but_unusual() -> dict:
     nbs["quinn_rows.py"] = ("import torch\n\n\ndef last_axis(x):\n"
                             "    return torch.softmax(torch.as_tensor(x), dim=-1)\n")
     nbs["scratch_work.py"] = "import subprocess\n\nsubprocess.run(['ls'])\n"
-    # a script of hers run with IPython's %run, in a cell of her own, whose function an answer uses (before:
-    # the script was not in the graded kernel's folder, the answer raised NameError, 0 of 3)
+    # a script of hers run with IPython's %run, in a cell of her own, whose function an answer uses, named as no
+    # import could reach it (before: the script was not in the graded kernel's folder: NameError, 0 of 3)
     nb03 = nbs["03_slope_zero"]
     nb03.cells.insert(nb03.cells.index(cell(nb03, "standard_attention")), nbformat.v4.new_code_cell(
-        "%run quinn_heads.py", id="own-run-quinn-heads"))
-    nbs["quinn_heads.py"] = ("import numpy as np\n\n\ndef head(X, n_heads, h):\n"
+        "%run quinn-heads.py", id="own-run-quinn-heads"))
+    nbs["quinn-heads.py"] = ("import numpy as np\n\n\ndef head(X, n_heads, h):\n"
                              "    d = X.shape[1] // n_heads\n    return X[:, h * d:(h + 1) * d]\n")
     slope_zero = cell(nb03, "standard_attention").source  # the cell's other answer, kept as the solution has it
     answer(nb03, "standard_attention", (

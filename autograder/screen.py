@@ -287,11 +287,17 @@ def is_module_name(name: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)) and not name.startswith("__")
 
 
+def is_script_name(name: str) -> bool:
+    """A module's name, or one only ``%run`` reaches (``%run hw1-helpers.py``: no import can)."""
+    return bool(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", name)) and not name.startswith("__")
+
+
 def module_sources(folder: Path) -> dict[str, str]:
-    """{name: source} of the modules in ``folder`` (a module that is not text is skipped: it cannot run)."""
+    """{name: source} of the modules in ``folder``, and the scripts only %run reaches (one that is not text is
+    skipped: it cannot run)."""
     found = {}
     for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
-        if is_module_name(path.stem):
+        if is_script_name(path.stem):
             try:
                 found[path.stem] = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):

@@ -683,7 +683,7 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     importing = filled(name)  # what it imports and grading cannot hand it is named in its row
     importing.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nimport json\nimport huge\nimport tqdm"))
     nbformat.write(importing, folder / f"{name}.ipynb")
-    for module in ("helpers.py", "my_rows2.py", "bad-name.py", "__init__.py", "json.py", "tqdm.py"):
+    for module in ("helpers.py", "my_rows2.py", "hw1-script.py", "bad name.py", "__init__.py", "json.py", "tqdm.py"):
         (folder / module).write_text(f"# {module}\n")
     (folder / "huge.py").write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
     (tmp_path / "ann" / "elsewhere.py").write_text("# not beside a notebook\n")
@@ -693,7 +693,8 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
         archive.writestr("bob/lib/deeper.py", "# in another folder\n")
         archive.writestr("__MACOSX/bob/._helpers.py", "\x00\x05")
     ann, bob = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
-    assert sorted(ann.files) == ["student_modules/helpers.py", "student_modules/my_rows2.py"]
+    assert sorted(ann.files) == ["student_modules/helpers.py", "student_modules/hw1-script.py",  # %run reaches it
+                                 "student_modules/my_rows2.py"]
     assert ann.files["student_modules/helpers.py"] == b"# helpers.py\n"
     assert ann.notes[name].split("; ") == [
         "imports huge.py, handed in beside it, which grading does not hand over: larger than 1 MiB",

@@ -1366,12 +1366,12 @@ def test_the_scripts_a_notebook_runs_with_percent_run_are_handed_over_and_screen
 
     nb = _notebook_with_answer("y = head(1)")
     nb.cells[0:0] = [nbformat.v4.new_code_cell(source) for source in (
-        "%run helpers.py", "%run -i -t more --an argv.py", "x = 1\n  %run -m by_name", "%run ../elsewhere.py",
+        "%run hw1-helpers.py", "%run -i -t more --an argv.py", "x = 1\n  %run -m by_name", "%run ../elsewhere.py",
         "%run 'unbalanced", "print('%run not_a_magic.py')")]
-    assert run_scripts(nb) == ({"helpers", "more"}, {"by_name"})
-    sources = {name: "def head(x):\n    return x\n" for name in ("helpers", "more", "by_name", "elsewhere",
+    assert run_scripts(nb) == ({"hw1-helpers", "more"}, {"by_name"})
+    sources = {name: "def head(x):\n    return x\n" for name in ("hw1-helpers", "more", "by_name", "elsewhere",
                                                                      "not_a_magic", "argv")}
-    assert sorted(imported_modules(nb, sources)) == ["by_name", "helpers", "more"]
+    assert sorted(imported_modules(nb, sources)) == ["by_name", "hw1-helpers", "more"]
     assert screen_notebook(nb, imported_modules(nb, sources)) == []
     # a script is code of the student's own: what lasts in it fails every test cell
     sources["more"] = "import sys\nsys.setprofile(None)\n"
