@@ -47,8 +47,11 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
     tests)  # every torch test on cuda (the CPU runs are make test's): paths, bias, padding, the layer, the CLI
         stage tests 150 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
             tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py ;;
-    jax)  # JAX puts arrays on its default device: the GPU where jax-cuda is installed
-        stage jax 120 bash -c "$py -c 'import jax; print(\"JAX on\", jax.devices())' && ${pytest_[*]} tests/test_jax.py" ;;
+    jax)  # JAX puts arrays on its default device: the GPU where jax-cuda is installed. Not the two property
+          # tests: 40 shapes each, one XLA compilation a shape (on the H200 the first took most of 90 s); the
+          # CPU suite runs them
+        stage jax 120 bash -c "$py -c 'import jax; print(\"JAX on\", jax.devices())' && ${pytest_[*]} tests/test_jax.py \
+            -k 'not (numpy_torch_and_jax_agree_in_float64 or jax_fused_path_in_float32)'" ;;
     reset)  # what the checks' per-check dynamo.reset() costs a student's next compiled call on CUDA
         stage reset 90 "$py" benchmarks/dynamo_reset_cost.py ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
