@@ -338,10 +338,7 @@ class CausalSplit(torch.autograd.Function):
                 dq[..., i, :] = out_of(dq_p)
             else:
                 dq[..., i, :] += out_of(dq_p)
-            for grad, part in ((dk, dk_p), (dv, dv_p)):
-                _write_or_add(grad, part, j, keys_written)
-            keys_written = slice(min(keys_written.start, j.start) if keys_written.stop else j.start,
-                                 max(keys_written.stop, j.stop))
+            keys_written = _write_or_add((dk, dv), (dk_p, dv_p), j, keys_written)
         if ctx.keys_reversed:
             dk, dv = dk.flip(-2), dv.flip(-2)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
@@ -397,16 +394,22 @@ def _by_block(calls):
     return blocks
 
 
-def _write_or_add(grad, part, j: slice, written: slice):
-    """grad[..., j, :] gets part: written where no earlier call wrote, added where one did. The keys written so
-    far are one span, ``written``, which j overlaps or touches (split_calls: the keys seen grow from one end)."""
-    if written.stop and (j.stop < written.start or j.start > written.stop):
+def _write_or_add(grads, parts, j: slice, written: slice) -> slice:
+    """Each grad[..., j, :] gets its part: written where no earlier call wrote, added where one did; returns the
+    keys written once this call's are. The keys written so far are one span, ``written`` (empty: stop 0), which
+    j overlaps or touches (split_calls: the keys seen grow from one end)."""
+    if not written.stop:
+        lo = hi = j.start
+    elif j.stop < written.start or j.start > written.stop:
         raise AssertionError(f"keys {j} leave a gap beside the keys {written} already written")
-    lo = min(max(written.start, j.start), j.stop) if written.stop else j.start  # [lo, hi): written before
-    hi = max(min(written.stop, j.stop), lo) if written.stop else j.start
-    grad[..., j.start:lo, :] = part[..., :lo - j.start, :]
-    grad[..., lo:hi, :] += part[..., lo - j.start:hi - j.start, :]
-    grad[..., hi:j.stop, :] = part[..., hi - j.start:, :]
+    else:  # [lo, hi): written before
+        lo = min(max(written.start, j.start), j.stop)
+        hi = max(min(written.stop, j.stop), lo)
+    for grad, part in zip(grads, parts, strict=True):
+        grad[..., j.start:lo, :] = part[..., :lo - j.start, :]
+        grad[..., lo:hi, :] += part[..., lo - j.start:hi - j.start, :]
+        grad[..., hi:j.stop, :] = part[..., hi - j.start:, :]
+    return slice(min(written.start, j.start), max(written.stop, j.stop)) if written.stop else j
 
 
 def _query_rows(rows: range, q_len: int) -> slice:
