@@ -43,7 +43,7 @@ def _compiled_flex_attention():
 def _causal_block_mask(q_len: int, k_len: int, device):
     """Which tiles the causal mask leaves whole, partial or empty: built once per shape. On CUDA it
     is built compiled, holding no (q_len, k_len) tensor (uncompiled it took gigabytes at
-    N = 16384 on an H100: the README's CUDA paragraph); torch 2.13's CPU compiler fails on it
+    N = 16384: README, "CUDA"); torch 2.13's CPU compiler fails on it
     for q_len = 1, so the CPU builds it eagerly."""
     import torch
 
