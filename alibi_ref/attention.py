@@ -128,20 +128,24 @@ def _as_arrays(q, k, v):
 
 def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
     """The dimensions of a valid call, or a ValueError that says what was expected and what came."""
-    shapes = {n: tuple(x.shape) for n, x in zip("qkv", (q, k, v), strict=True)}
+
+    def shapes(*names):  # "q (...), k (...) and v (...)", for a message: built where one is raised, not every call
+        said = [f"{n} {tuple(x.shape)}" for n, x in zip("qkv", (q, k, v), strict=True) if n in names]
+        return ", ".join(said[:-1]) + " and " + said[-1]
+
     if q.ndim < 3 or not (q.ndim == k.ndim == v.ndim):
         raise ValueError(
             "q, k and v must have the same rank >= 3, shaped (..., H, q_len, d), "
-            f"(..., H_kv, k_len, d), (..., H_kv, k_len, d_v); got {shapes}"
+            f"(..., H_kv, k_len, d), (..., H_kv, k_len, d_v); got {shapes(*'qkv')}"
         )
     if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
-        raise ValueError(f"q, k and v must have the same leading (batch) dimensions, got {shapes}")
+        raise ValueError(f"q, k and v must have the same leading (batch) dimensions, got {shapes(*'qkv')}")
     n_heads, q_len, head_dim = q.shape[-3:]
     n_kv_heads, k_len = k.shape[-3:-1]
     if k.shape[-1] != head_dim:
-        raise ValueError(f"q and k must have the same head dimension d, got q {shapes['q']} and k {shapes['k']}")
+        raise ValueError(f"q and k must have the same head dimension d, got {shapes('q', 'k')}")
     if v.shape[-3:-1] != k.shape[-3:-1]:
-        raise ValueError(f"k and v must have the same heads and length, got k {shapes['k']} and v {shapes['v']}")
+        raise ValueError(f"k and v must have the same heads and length, got {shapes('k', 'v')}")
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ValueError(f"the {n_heads} query heads must be a multiple of the {n_kv_heads} key/value heads")
     if slopes.shape[0] != n_heads:
