@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -109,3 +110,23 @@ def test_flex_with_no_bias_is_plain_attention(causal):
     q, k, v = torch.randn(3, 1, 2, 128, 16, generator=torch.Generator().manual_seed(0))
     flex, plain = (_path(name, None, causal) for name in ("flex_no_bias", "plain_sdpa"))
     torch.testing.assert_close(flex(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_the_ratio_bars_show_each_paths_ratio_in_its_setting():
+    from matplotlib.figure import Figure
+
+    from alibi_ref.lab.bench import ratio_bars
+
+    measured = [("plain_sdpa", 64, False, "fwd", 1.0), ("strided_mask", 64, False, "fwd", 1.3),
+                ("flex_compiled", 64, False, "fwd", 2.0), ("strided_mask", 256, True, "fwd+bwd", 1.1)]
+    rows = [{"path": path, "n": n, "causal": causal, "pass": kind, "ratio": ratio}
+            for path, n, causal, kind, ratio in measured]
+    ax = Figure().subplots()
+    assert ratio_bars(ax, rows) is ax.figure
+    heights = {}  # (path, the setting's place on the x axis): the bar's height
+    for container in ax.containers:
+        for bar in container:
+            heights[container.get_label(), round(bar.get_x() + bar.get_width() / 2)] = bar.get_height()
+    assert heights[("strided_mask", 0)] == 1.3 and heights[("flex_compiled", 0)] == 2.0
+    assert heights[("strided_mask", 1)] == 1.1 and math.isnan(heights[("flex_compiled", 1)]), "no row: no bar"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["N=64\nsymmetric\nfwd", "N=256\ncausal\nfwd+bwd"]

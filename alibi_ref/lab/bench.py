@@ -304,8 +304,10 @@ def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> 
     partial.replace(output / "bench.json")
     if not plot:
         return
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    ax_time, ax_mem = fig.subplots(1, 2)
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    top, bottom = fig.subfigures(2, 1)
+    ax_time, ax_mem = top.subplots(1, 2)
+    ratio_bars(bottom.subplots(), rows)
     for index, path in enumerate(dict.fromkeys(r["path"] for r in rows)):  # a colour per path, a line style per mask
         for causal, style in ((False, "-"), (True, "--")):
             pts = [r for r in rows if r["path"] == path and r["causal"] == causal and "seconds" in r
@@ -322,6 +324,28 @@ def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> 
         ax.set_ylabel(ylabel)
     ax_time.legend(fontsize="x-small")
     fig.savefig(output / "bench.png", dpi=110)
+
+
+def ratio_bars(ax, rows: list[dict]):
+    """Each path's time as a multiple of plain SDPA's, a group of bars per size, mask and pass; returns the figure."""
+    settings = list(dict.fromkeys((r["n"], r["causal"], r.get("pass", "fwd")) for r in rows if "ratio" in r))
+    paths = [p for p in dict.fromkeys(r["path"] for r in rows) if p != "plain_sdpa"]
+    width = 0.8 / max(len(paths), 1)
+    for index, path in enumerate(paths):
+        ratio = {(r["n"], r["causal"], r.get("pass", "fwd")): r["ratio"] for r in rows
+                 if r["path"] == path and "ratio" in r}
+        ax.bar([x + (index - (len(paths) - 1) / 2) * width for x in range(len(settings))],
+               [ratio.get(key, math.nan) for key in settings], width, label=path, color=f"C{index + 1}")
+    ax.axhline(1.0, color="0.3", linewidth=1)  # plain SDPA itself
+    ax.set_yscale("log")  # 1.1x and 1.5x stay apart beside a 15x
+    ticks = [t for t in (1, 1.2, 1.5, 2, 3, 5, 10, 20, 50) if t <= max([r.get("ratio", 1) for r in rows] + [1]) * 1.2]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xticks(range(len(settings)), [f"N={n}\n{'causal' if causal else 'symmetric'}\n{kind}"
+                                         for n, causal, kind in settings], fontsize="small")
+    ax.set_ylabel("time, x plain SDPA")
+    ax.legend(fontsize="x-small", ncols=min(len(paths), 6))
+    return ax.figure
 
 
 if __name__ == "__main__":  # one measurement, in its own process (see run)
