@@ -40,7 +40,7 @@ from pathlib import Path
 
 import nbformat
 
-from .screen import MODULES, imported_modules, is_script_name
+from .screen import MODULES, imported_modules, is_script_name, run_scripts
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
@@ -155,9 +155,11 @@ def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -
         return ""  # every module handed over (or none handed in): nothing to read the notebook for
     sources = {name: source.decode("utf-8", errors="replace") if isinstance(source, bytes) else ""
                for name, source in modules.items()}
-    imported = imported_modules(nbformat.reads(notebook.decode(), as_version=4), sources)
-    return _joined(*(f"imports {name}.py, handed in beside it, which grading does not hand over: {modules[name]}"
-                     for name in sorted(imported) if isinstance(modules[name], str)))
+    nb = nbformat.reads(notebook.decode(), as_version=4)
+    scripts = run_scripts(nb)[0]  # %run by file name
+    return _joined(*(f"{'runs' if name in scripts else 'imports'} {name}.py, handed in beside it, which grading "
+                     f"does not hand over: {modules[name]}"
+                     for name in sorted(imported_modules(nb, sources)) if isinstance(modules[name], str)))
 
 
 def _installed(name: str, beside: Path | None = None) -> bool:

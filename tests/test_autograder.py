@@ -681,11 +681,13 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     folder = tmp_path / "ann" / "alibi"
     folder.mkdir(parents=True)
     importing = filled(name)  # what it imports and grading cannot hand it is named in its row
-    importing.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nimport json\nimport huge\nimport tqdm"))
+    importing.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nimport json\nimport huge\nimport tqdm\n"
+                                                        "%run huge-script.py"))
     nbformat.write(importing, folder / f"{name}.ipynb")
     for module in ("helpers.py", "my_rows2.py", "hw1-script.py", "bad name.py", "__init__.py", "json.py", "tqdm.py"):
         (folder / module).write_text(f"# {module}\n")
-    (folder / "huge.py").write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
+    for huge in ("huge.py", "huge-script.py"):
+        (folder / huge).write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
     (tmp_path / "ann" / "elsewhere.py").write_text("# not beside a notebook\n")
     with zipfile.ZipFile(tmp_path / "bob.zip", "w") as archive:
         archive.writestr(f"bob/{name}.ipynb", nbformat.writes(filled(name)))
@@ -698,6 +700,7 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     assert ann.files["student_modules/helpers.py"] == b"# helpers.py\n"
     assert ann.notes[name].split("; ") == [
         "imports huge.py, handed in beside it, which grading does not hand over: larger than 1 MiB",
+        "runs huge-script.py, handed in beside it, which grading does not hand over: larger than 1 MiB",
         "imports json.py, handed in beside it, which grading does not hand over: the standard library has a "
         "module of that name, which the notebook gets instead when graded: rename it",
         "imports tqdm.py, handed in beside it, which grading does not hand over: an installed package has a "
