@@ -112,9 +112,11 @@ class SandboxedExecute(Execute):
             for name, source in student_modules.items():
                 (self._scratch / MODULES / f"{name}.py").write_text(source, encoding="utf-8")
             # a script the notebook %runs by file name is looked for in the working folder, as beside the
-            # notebook in the student's Jupyter (screened like the modules: run_scripts, imported_modules)
+            # notebook in the student's Jupyter (screened like the modules: run_scripts, imported_modules);
+            # never over a file of the assignment's own there, which nbgrader's files win over a student's too
             for name in run_scripts(nb)[0] & set(student_modules):
-                (self._scratch / f"{name}.py").write_text(student_modules[name], encoding="utf-8")
+                if not (self._scratch / f"{name}.py").exists():
+                    (self._scratch / f"{name}.py").write_text(student_modules[name], encoding="utf-8")
         if self.compile_cache_dir:
             lend(Path(self.compile_cache_dir) / resources.get("nbgrader", {}).get("assignment", ""), self._scratch, nb)
         start = time.monotonic()
