@@ -124,8 +124,8 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
     """{NAME: source, or why it is not handed over} for the Python modules in a folder that holds one of the
     assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands them to
     the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import, or ``%run`` can
-(``is_script_name``: ``hw1-helpers.py``); a module that has
-    an installed module's or the standard library's name is not handed over (the kernel's path puts the
+    (``is_script_name``: ``hw1-helpers.py``); a module that has an installed module's or the standard
+    library's name is not handed over (the kernel's path puts the
     student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES. ``beside``:
     the folder the modules are in, where that is on this Python's path (Validate's): no module there counts as
     installed."""
