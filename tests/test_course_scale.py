@@ -62,22 +62,23 @@ def test_a_script_the_notebook_runs_is_the_assignments_own_where_it_has_one(tmp_
     """Grading puts a script a notebook %runs in the kernel's folder (screen.run_scripts); a student's script
     of the same name as a file the assignment hands out must not replace that file, which later cells may
     import: nbgrader's own files win over a student's. The student's own script, where the assignment has
-    none, runs."""
+    none, runs. (Its name is one no test imports: a module the grading process can import is "installed".)"""
     course = tiny_course.build(tmp_path / "tiny")
     (course / "source" / "hw1" / "given.py").write_text("TRUSTED = True\n")  # the assignment's own
     tiny_course.nbgrader(course, "generate_assignment", "hw1", "--force")
-    answer = {"squares": "def squares(n):\n    return [i * i for i in range(n)] if TRUSTED and MINE else []"}
-    for student, scripts in [("kept", {"given.py": "TRUSTED = False\n", "mine.py": "MINE = True\n"}),
-                             ("own", {"mine.py": "MINE = True\n"})]:
+    answer = {"squares": "def squares(n):\n    return [i * i for i in range(n)] if TRUSTED and SET_UP else []"}
+    for student, scripts in [("kept", {"given.py": "TRUSTED = False\n", "own_setup.py": "SET_UP = True\n"}),
+                             ("own", {"own_setup.py": "SET_UP = True\n"})]:
         _hand_in(tmp_path / "subs" / student / "hw1", course, "hw1", "squares", answer)
         nb = nbformat.read(tmp_path / "subs" / student / "hw1" / "squares.ipynb", as_version=4)
-        nb.cells.insert(1, nbformat.v4.new_code_cell("%run given.py\n%run mine.py"))
+        nb.cells.insert(1, nbformat.v4.new_code_cell("%run given.py\n%run own_setup.py"))
         nbformat.write(nb, tmp_path / "subs" / student / "hw1" / "squares.ipynb")
         for name, source in scripts.items():
             (tmp_path / "subs" / student / "hw1" / name).write_text(source)
     grade(tmp_path / "subs", tmp_path / "out", course=course, assignments=["hw1"], **FAST)
     scores = _scores(tmp_path / "out" / "grades.csv")
-    assert scores["kept", "hw1", "squares"] == scores["own", "hw1", "squares"] == (2.0, "graded"), scores
+    reasons = {r["student"]: r["reason"] for r in _rows(tmp_path / "out" / "grades.csv")}
+    assert scores["kept", "hw1", "squares"] == scores["own", "hw1", "squares"] == (2.0, "graded"), reasons
 
 
 @needs_bwrap
