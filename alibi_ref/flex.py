@@ -78,13 +78,12 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
         # inside a model being compiled the trace builds the mask, and the offset stays a number of the trace
         # (an int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the
         # graph (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
-        from torch.nn.attention.flex_attention import flex_attention
+        from torch.nn.attention.flex_attention import flex_attention as attend
 
         offset = k_len - q_len
         block_mask = _block_mask(q_len, k_len, q.device, offset) if causal else None
-        return flex_attention(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset), block_mask=block_mask,
-                              scale=scale, enable_gqa=groups > 1)
-    block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
-    score_mod = alibi_score_mod(slopes.float(), _offset(q_len, k_len, q.device))
-    return _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                      enable_gqa=groups > 1)
+    else:
+        attend, offset = _compiled_flex_attention(), _offset(q_len, k_len, q.device)
+        block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
+    return attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset), block_mask=block_mask, scale=scale,
+                  enable_gqa=groups > 1)

@@ -278,14 +278,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _setting(row: dict) -> tuple[int, bool, str]:
+    """What a row was measured at: (N, causal, pass)."""
+    return row["n"], row["causal"], row.get("pass", "fwd")
+
+
 def fastest(rows: list[dict]) -> str:
     """For each size, mask and pass: the fastest ALiBi path and its time against plain SDPA, beside what
     ``alibi_default`` (``auto``) ran at: how far ``auto``'s choice is from the best there is on this machine.
     (Whether a path is correct is the tests' business: tests/test_fused_paths.py holds each to the naive one.)"""
     lines = []
-    for key in dict.fromkeys((r["n"], r["causal"], r.get("pass", "fwd")) for r in rows):
-        timed = [r for r in rows if (r["n"], r["causal"], r.get("pass", "fwd")) == key and "ratio" in r
-                 and r["path"] not in FLOORS]
+    for key in dict.fromkeys(map(_setting, rows)):
+        timed = [r for r in rows if _setting(r) == key and "ratio" in r and r["path"] not in FLOORS]
         if not timed:
             continue
         best = min(timed, key=lambda r: r["ratio"])
@@ -328,12 +332,11 @@ def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> 
 
 def ratio_bars(ax, rows: list[dict]):
     """Each path's time as a multiple of plain SDPA's, a group of bars per size, mask and pass; returns the figure."""
-    settings = list(dict.fromkeys((r["n"], r["causal"], r.get("pass", "fwd")) for r in rows if "ratio" in r))
+    settings = list(dict.fromkeys(_setting(r) for r in rows if "ratio" in r))
     paths = [p for p in dict.fromkeys(r["path"] for r in rows) if p != "plain_sdpa"]
     width = 0.8 / max(len(paths), 1)
     for index, path in enumerate(paths):
-        ratio = {(r["n"], r["causal"], r.get("pass", "fwd")): r["ratio"] for r in rows
-                 if r["path"] == path and "ratio" in r}
+        ratio = {_setting(r): r["ratio"] for r in rows if r["path"] == path and "ratio" in r}
         ax.bar([x + (index - (len(paths) - 1) / 2) * width for x in range(len(settings))],
                [ratio.get(key, math.nan) for key in settings], width, label=path, color=f"C{index + 1}")
     ax.axhline(1.0, color="0.3", linewidth=1)  # plain SDPA itself
