@@ -561,7 +561,12 @@ def test_a_guard_started_inside_the_answer_is_caught_and_one_not_running_cannot_
         guard.__exit__(None, None, None)  # a second exit (an answer ending the check's guard early, then the check)
 
 
-def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tmp_path, monkeypatch):
+def forget_modules(*packages):
+    for name in [m for m in sys.modules if m.partition(".")[0] in packages]:
+        del sys.modules[name]
+
+
+def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tmp_path, monkeypatch, request):
     """The guard knew the reference by its files: the package copied into the kernel's folder and imported
     under another name ran unseen, full marks for every exercise (yul in the sample class). Its code is
     the reference's wherever it was loaded from, with its lines moved down and its docstrings changed
@@ -577,7 +582,8 @@ def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tm
         moved.parent.mkdir(parents=True, exist_ok=True)
         moved.write_text("\n" + re.sub(r'"""(?=[A-Z`])', '"""Mine. ', path.read_text()))
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("mine", "moved"):
+    request.addfinalizer(lambda: forget_modules("mine", "moved"))  # left imported, later tests' grading finds
+    for name in ("mine", "moved"):                                 # a student's mine.py "installed"
         bias = importlib.import_module(f"{name}.bias")
 
         def copied(slopes, q_len, k_len=None, causal=False, bias=bias):
