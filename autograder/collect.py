@@ -30,6 +30,7 @@ import difflib
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import re
 import sys
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import nbformat
 
-from .screen import MODULES, imported_modules, is_script_name, run_scripts
+from .screen import MODULES, imported_modules, is_module_name, is_script_name, package_of, run_scripts
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
@@ -97,10 +98,22 @@ def _files_of_folder(folder: Path, assignment: str,
             size = path.stat().st_size
             found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
     # only the folders that hold a notebook taken: the tree was walked once already, for the notebooks
-    beside = sorted({folder.joinpath(*_ran_in(q)) for q in taken})
-    modules = {p.relative_to(folder).parts: (p.stat().st_size, p.read_bytes)
-               for where in beside for p in sorted(where.glob("*.py")) if p.is_file()}
+    modules = {}
+    for where in sorted({folder.joinpath(*_ran_in(q)) for q in taken}):
+        modules.update(_python_files(where, folder))
     return found, _modules_beside(taken, modules)
+
+
+def _python_files(where: Path, root: Path) -> dict[tuple[str, ...], tuple]:
+    """{path under ``root``: (size, read)} of the Python files a notebook in ``where`` may import or %run: those
+    beside it and those of its packages, the folders named as modules (of a folder without __init__.py, which
+    grading does not hand over, only the first file found: enough for the note that says so, without walking
+    what may be a whole virtual environment)."""
+    files = [p for p in sorted(where.glob("*.py")) if p.is_file()]
+    for package in sorted(p for p in where.iterdir() if p.is_dir() and is_module_name(p.name)):
+        below = (p for p in sorted(package.rglob("*.py")) if p.is_file())
+        files += below if (package / "__init__.py").is_file() else itertools.islice(below, 1)
+    return {p.relative_to(root).parts: (p.stat().st_size, p.read_bytes) for p in files}
 
 
 def modules_for_validate(notebook: bytes, folder: Path) -> tuple[dict[str, str], str]:
@@ -109,8 +122,7 @@ def modules_for_validate(notebook: bytes, folder: Path) -> tuple[dict[str, str],
     the note grading's row would give on the modules it imports and grading would not hand it, or "").
     So Validate screens what grading will run, reads no more of the folder than grading would, and says
     before grading what would fail there."""
-    modules = {(p.name,): (p.stat().st_size, p.read_bytes) for p in sorted(folder.glob("*.py")) if p.is_file()}
-    beside = _modules_beside([("notebook.ipynb",)], modules, beside=folder)
+    beside = _modules_beside([("notebook.ipynb",)], _python_files(folder, folder), beside=folder)
     sources = {}
     for name, source in beside.items():
         if isinstance(source, bytes):
@@ -123,8 +135,10 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
                     beside: Path | None = None) -> dict[str, bytes | str]:
     """{NAME: source, or why it is not handed over} for the Python modules in a folder that holds one of the
     assignment's notebooks, which its cells import by name in the student's Jupyter (nbgrader hands them to
-    the notebooks too). ``modules``: {path: (size, read)}. Only names Python can import, or ``%run`` can
-    (``is_script_name``: ``hw1-helpers.py``); a module that has an installed module's or the standard
+    the notebooks too), and for the files of the packages there (``mylib/__init__``, ``mylib/core``: a folder
+    with __init__.py; a folder without one is named ``mylib/``, with why it is not handed over).
+    ``modules``: {path: (size, read)}. Only names Python can import, or ``%run`` can
+    (``is_script_name``: ``hw1-helpers.py``); a module or package that has an installed module's or the standard
     library's name is not handed over (the kernel's path puts the
     student's last: the notebook would get the other), nor one past MAX_MODULE_BYTES or MAX_MODULES. ``beside``:
     the folder the modules are in, where that is on this Python's path (Validate's): no module there counts as
@@ -132,19 +146,36 @@ def _modules_beside(notebooks: list[tuple[str, ...]], modules: dict[tuple[str, .
     folders = {_ran_in(parts) for parts in notebooks}
     found: dict[str, bytes | str] = {}
     for parts, (size, read) in modules.items():
-        stem = parts[-1].removesuffix(".py")
-        if parts[:-1] not in folders or not is_script_name(stem) or stem in found:
-            continue
-        if stem in sys.stdlib_module_names or _installed(stem, beside):
-            found[stem] = f"{'the standard library' if stem in sys.stdlib_module_names else 'an installed package'} " \
-                          "has a module of that name, which the notebook gets instead when graded: rename it"
-        elif size > MAX_MODULE_BYTES:
-            found[stem] = f"larger than {MAX_MODULE_BYTES // 2**20} MiB"
-        elif sum(isinstance(v, bytes) for v in found.values()) >= MAX_MODULES:
-            found[stem] = f"more than {MAX_MODULES} modules were handed in"
-        else:
-            found[stem] = read()
+        for folder in sorted(f for f in folders if parts[:len(f)] == f):
+            name = _module_name(parts[len(folder):], lambda top, f=folder: (*f, top, "__init__.py") in modules)
+            if name is None or name in found or package_of(name) + "/" in found:
+                continue
+            top = package_of(name)
+            if top in sys.stdlib_module_names or _installed(top, beside):
+                found[name if name == top else top + "/"] = (
+                    f"{'the standard library' if top in sys.stdlib_module_names else 'an installed package'} "
+                    "has a module of that name, which the notebook gets instead when graded: rename it")
+            elif name.endswith("/"):
+                found[name] = "it has no __init__.py: with an empty one, grading hands the folder over as a package"
+            elif size > MAX_MODULE_BYTES:
+                found[name] = f"larger than {MAX_MODULE_BYTES // 2**20} MiB"
+            elif sum(isinstance(v, bytes) for v in found.values()) >= MAX_MODULES:
+                found[name] = f"more than {MAX_MODULES} modules were handed in"
+            else:
+                found[name] = read()
     return found
+
+
+def _module_name(path: tuple[str, ...], is_package) -> str | None:
+    """The name ``_modules_beside`` gives the file at ``path`` (under a notebook's folder), or None where no import
+    or ``%run`` from that folder reaches it. ``is_package(top)``: whether folder ``top`` there has __init__.py."""
+    *folders, file = path
+    stem = file.removesuffix(".py")
+    if not folders:
+        return stem if is_script_name(stem) else None
+    if not all(map(is_module_name, folders)) or not (is_module_name(stem) or stem == "__init__"):
+        return None
+    return "/".join([*folders, stem]) if is_package(folders[0]) else folders[0] + "/"
 
 
 def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -> str:
@@ -157,7 +188,8 @@ def _modules_not_handed_over(notebook: bytes, modules: dict[str, bytes | str]) -
                for name, source in modules.items()}
     nb = nbformat.reads(notebook.decode(), as_version=4)
     scripts = run_scripts(nb)[0]  # %run by file name
-    return _joined(*(f"{'runs' if name in scripts else 'imports'} {name}.py, handed in beside it, which grading "
+    return _joined(*(f"{'runs' if name in scripts else 'imports'} {name}{'' if name.endswith('/') else '.py'}, "
+                     "handed in beside it, which grading "
                      f"does not hand over: {modules[name]}"
                      for name in sorted(imported_modules(nb, sources)) if isinstance(modules[name], str)))
 
@@ -172,7 +204,8 @@ def _installed(name: str, beside: Path | None = None) -> bool:
         return False
     if spec is None or spec.origin in (None, "namespace"):
         return False
-    return beside is None or Path(spec.origin).resolve().parent != beside.resolve()
+    origin = Path(spec.origin).resolve()  # NAME.py, or NAME/__init__.py
+    return beside is None or (origin.parent.parent if origin.stem == "__init__" else origin.parent) != beside.resolve()
 
 
 def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:

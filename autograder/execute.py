@@ -108,8 +108,8 @@ class SandboxedExecute(Execute):
             if data.is_file() and data.suffix != ".ipynb":
                 shutil.copy(data, self._scratch / data.name)
         if student_modules:
-            (self._scratch / MODULES).mkdir()
-            for name, source in student_modules.items():
+            for name, source in student_modules.items():  # a package's files in its folders: mylib/core.py
+                (self._scratch / MODULES / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
                 (self._scratch / MODULES / f"{name}.py").write_text(source, encoding="utf-8")
             # a script the notebook %runs by file name is looked for in the working folder, as beside the
             # notebook in the student's Jupyter (screened like the modules: run_scripts, imported_modules);

@@ -293,16 +293,23 @@ def is_script_name(name: str) -> bool:
 
 
 def module_sources(folder: Path) -> dict[str, str]:
-    """{name: source} of the modules in ``folder``, and the scripts only %run reaches (one that is not text is
-    skipped: it cannot run)."""
+    """{name: source} of the modules in ``folder``, the scripts only %run reaches, and the files of the packages
+    there, named by their path (``mylib/core``: ``package_of``); one that is not text is skipped: it cannot run."""
     found = {}
-    for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
-        if is_script_name(path.stem):
+    for path in sorted(folder.rglob("*.py")) if folder.is_dir() else ():
+        parts = path.relative_to(folder).with_suffix("").parts
+        if (is_script_name(parts[0]) if len(parts) == 1 else
+                all(map(is_module_name, parts[:-1])) and (is_module_name(parts[-1]) or parts[-1] == "__init__")):
             try:
-                found[path.stem] = path.read_text(encoding="utf-8")
+                found["/".join(parts)] = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
     return found
+
+
+def package_of(name: str) -> str:
+    """What ``import`` names a student's module by: ``helpers`` for helpers.py, ``mylib`` for mylib/core.py."""
+    return name.split("/")[0]
 
 
 def _imported_names(tree: ast.AST) -> set[str]:
@@ -344,22 +351,23 @@ def run_scripts(nb) -> tuple[set[str], set[str]]:
 
 def imported_modules(nb, sources: dict[str, str]) -> dict[str, str]:
     """Those of the student's ``sources`` that the notebook's code cells import or ``%run``, and those they
-    import in turn: the modules grading hands the notebook. One nothing imports is left out: no code of the
-    student's then runs unscreened, as a module some installed package looks for by name would."""
-    wanted = set().union(*run_scripts(nb)) & set(sources)
+    import in turn: the modules grading hands the notebook. A package goes whole (its files reach each other
+    by relative imports). One nothing imports is left out: no code of the student's then runs unscreened, as a
+    module some installed package looks for by name would."""
+    scripts, by_name = run_scripts(nb)
+    wanted = scripts | {name.split(".")[0] for name in by_name}
     for cell in nb.cells:
         tree = _parse(cell) if cell.cell_type == "code" else None
-        wanted |= _imported_names(tree) & set(sources) if tree is not None else set()
+        wanted |= _imported_names(tree) if tree is not None else set()
     found, todo = {}, sorted(wanted)
     while todo:
-        name = todo.pop()
-        if name in found:
-            continue
-        found[name] = sources[name]
-        try:
-            todo += sorted(_imported_names(ast.parse(sources[name])) & set(sources))
-        except SyntaxError:
-            pass  # fails when imported, as it would in the student's Jupyter
+        package = todo.pop()
+        for name in sorted(n for n in sources if package_of(n) == package and n not in found):
+            found[name] = sources[name]
+            try:
+                todo += sorted(_imported_names(ast.parse(sources[name])))
+            except SyntaxError:
+                pass  # fails when imported, as it would in the student's Jupyter
     return found
 
 

@@ -468,13 +468,19 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
     ada.cells.insert(1, nbformat.v4.new_code_cell("import tools"))
     nbformat.write(ada, tmp_path / "module.ipynb")
     (tmp_path / "tools.py").write_text("import sys\n\nsys.setprofile(None)\n")
+    # and a package's files, as grading hands them over
+    ada.cells[1].source = "import tools_pkg"
+    nbformat.write(ada, tmp_path / "package.ipynb")
+    (tmp_path / "tools_pkg").mkdir()
+    (tmp_path / "tools_pkg" / "__init__.py").write_text("from .inner import *\n")
+    (tmp_path / "tools_pkg" / "inner.py").write_text("import sys\n\nsys.setprofile(None)\n")
     # one that grading would not hand over (over 1 MiB) is not read, and Validate says what grading will do
     ada.cells[1].source = "import big_tools"
     nbformat.write(ada, tmp_path / "big.ipynb")
     reaching = "import sys\n\n\ndef never_called():\n    sys.modules['alibi_ref.course.checks'].check = print\n"
     (tmp_path / "big_tools.py").write_text(reaching + "#" * 2**20 + "\n")
     said = {}
-    for name in ("honest", "flagged", "module", "big"):
+    for name in ("honest", "flagged", "module", "package", "big"):
         run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(tmp_path / f"{name}.ipynb")],
                              cwd=ROOT / "course", capture_output=True, text=True, check=False)
         said[name] = run.stdout + run.stderr
@@ -489,6 +495,8 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
     assert "Success" not in said["flagged"]
     assert reasons(said["module"]).count(
         "Flagged: no points for this exercise: cell 'a module you handed in (tools.py)', line 3") == 4, said["module"]
+    assert reasons(said["package"]).count("Flagged: no points for this exercise: cell 'a module you handed in "
+                                          "(tools_pkg/inner.py)', line 3") == 4, said["package"]
     assert "Success" not in said["big"] and "Flagged" not in said["big"], said["big"]
     not_handed_over = ("NotHandedOver: when graded, this notebook imports big_tools.py, handed in beside it, which "
                        "grading does not hand over: larger than 1 MiB")
@@ -682,9 +690,13 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     folder.mkdir(parents=True)
     importing = filled(name)  # what it imports and grading cannot hand it is named in its row
     importing.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nimport json\nimport huge\nimport tqdm\n"
-                                                        "%run huge-script.py"))
+                                                        "%run huge-script.py\nimport loose.parts\nimport numpy"))
     nbformat.write(importing, folder / f"{name}.ipynb")
-    for module in ("helpers.py", "my_rows2.py", "hw1-script.py", "bad name.py", "__init__.py", "json.py", "tqdm.py"):
+    for module in ("helpers.py", "my_rows2.py", "hw1-script.py", "bad name.py", "__init__.py", "json.py", "tqdm.py",
+                   # a package (a folder with __init__.py) goes whole, subpackages too; what no import reaches not
+                   "mylib/__init__.py", "mylib/core.py", "mylib/sub/deep.py", "mylib/.ipynb_checkpoints/core.py",
+                   "mylib/hw1-x.py", "loose/parts.py", "numpy/__init__.py", "not-a-name/x.py"):
+        (folder / module).parent.mkdir(parents=True, exist_ok=True)
         (folder / module).write_text(f"# {module}\n")
     for huge in ("huge.py", "huge-script.py"):
         (folder / huge).write_text("x = 1\n" * (collect_module.MAX_MODULE_BYTES // 6 + 1))
@@ -692,20 +704,29 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     with zipfile.ZipFile(tmp_path / "bob.zip", "w") as archive:
         archive.writestr(f"bob/{name}.ipynb", nbformat.writes(filled(name)))
         archive.writestr("bob/helpers.py", "# bob's\n")
-        archive.writestr("bob/lib/deeper.py", "# in another folder\n")
+        archive.writestr("bob/lib/deeper.py", "# in another folder\n")  # no package: no __init__.py
+        archive.writestr("bob/pkg/__init__.py", "")
+        archive.writestr("bob/pkg/a.py", "# a\n")
         archive.writestr("__MACOSX/bob/._helpers.py", "\x00\x05")
     ann, bob = collect(tmp_path, {name: RELEASE / f"{name}.ipynb"})
     assert sorted(ann.files) == ["student_modules/helpers.py", "student_modules/hw1-script.py",  # %run reaches it
-                                 "student_modules/my_rows2.py"]
+                                 "student_modules/my_rows2.py", "student_modules/mylib/__init__.py",
+                                 "student_modules/mylib/core.py", "student_modules/mylib/sub/deep.py"]
     assert ann.files["student_modules/helpers.py"] == b"# helpers.py\n"
+    assert ann.files["student_modules/mylib/sub/deep.py"] == b"# mylib/sub/deep.py\n"
     assert ann.notes[name].split("; ") == [
         "imports huge.py, handed in beside it, which grading does not hand over: larger than 1 MiB",
         "runs huge-script.py, handed in beside it, which grading does not hand over: larger than 1 MiB",
         "imports json.py, handed in beside it, which grading does not hand over: the standard library has a "
         "module of that name, which the notebook gets instead when graded: rename it",
+        "imports loose/, handed in beside it, which grading does not hand over: it has no __init__.py: with an "
+        "empty one, grading hands the folder over as a package",
+        "imports numpy/, handed in beside it, which grading does not hand over: an installed package has a "
+        "module of that name, which the notebook gets instead when graded: rename it",
         "imports tqdm.py, handed in beside it, which grading does not hand over: an installed package has a "
         "module of that name, which the notebook gets instead when graded: rename it"]
-    assert bob.files == {"student_modules/helpers.py": b"# bob's\n"} and name not in bob.notes
+    assert bob.files == {"student_modules/helpers.py": b"# bob's\n", "student_modules/pkg/__init__.py": b"",
+                         "student_modules/pkg/a.py": b"# a\n"} and name not in bob.notes
 
 
 @pytest.mark.parametrize("packed", ["folder", "zip"])

@@ -1364,6 +1364,24 @@ def test_the_modules_a_notebook_imports_are_screened_as_cells_of_its_own_and_no_
     assert [f.cell for f in screen_notebook(nb, imported_modules(nb, sources))] == [findings[0].cell]
 
 
+def test_a_package_a_notebook_imports_is_handed_over_whole_and_screened_file_by_file():
+    """A package of the student's (mylib/__init__.py, mylib/core.py) was not handed over: ``import mylib`` failed
+    when graded while it ran in the student's Jupyter. It goes whole (its files reach each other by relative
+    imports), with what it imports of the student's, and each of its files is screened as a module is."""
+    from autograder.screen import imported_modules
+
+    nb = _notebook_with_answer("from mylib import softmax")
+    sources = {"mylib/__init__": "from .core import softmax\n", "mylib/core": "import rows\n\ndef softmax(x):\n"
+               "    return rows.shift(x)\n", "mylib/sub/deep": "x = 1\n", "rows": "def shift(x):\n    return x\n",
+               "other/__init__": "import sys\nsys.setprofile(None)\n", "mylib_too": "x = 2\n"}
+    used = imported_modules(nb, sources)
+    assert sorted(used) == ["mylib/__init__", "mylib/core", "mylib/sub/deep", "rows"]
+    assert screen_notebook(nb, used) == []
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%run -m other.tool"))  # runs the package's module: imports it
+    findings = screen_notebook(nb, imported_modules(nb, sources))
+    assert [(f.cell, f.line, f.lasting) for f in findings] == [("a module you handed in (other/__init__.py)", 2, True)]
+
+
 def test_the_scripts_a_notebook_runs_with_percent_run_are_handed_over_and_screened_like_modules():
     """``%run helpers.py`` (IPython runs the script in the notebook's namespace): grading had no copy of it in
     the kernel's folder, so an answer using what it defines raised NameError. The scripts run by file name

@@ -58,11 +58,13 @@ def _tiny_class(course: Path, subs: Path) -> dict:
 
 
 @needs_bwrap
-def test_a_script_the_notebook_runs_is_the_assignments_own_where_it_has_one(tmp_path):
+def test_a_students_scripts_and_packages_run_and_the_assignments_own_files_win(tmp_path):
     """Grading puts a script a notebook %runs in the kernel's folder (screen.run_scripts); a student's script
     of the same name as a file the assignment hands out must not replace that file, which later cells may
     import: nbgrader's own files win over a student's. The student's own script, where the assignment has
-    none, runs. (Its name is one no test imports: a module the grading process can import is "installed".)"""
+    none, runs. (Its name is one no test imports: a module the grading process can import is "installed".)
+    A package of the student's (a folder with __init__.py, its files importing each other) is handed over
+    whole: ``import`` of it failed when graded, though it ran in the student's Jupyter."""
     course = tiny_course.build(tmp_path / "tiny")
     (course / "source" / "hw1" / "given.py").write_text("TRUSTED = True\n")  # the assignment's own
     tiny_course.nbgrader(course, "generate_assignment", "hw1", "--force")
@@ -75,10 +77,19 @@ def test_a_script_the_notebook_runs_is_the_assignments_own_where_it_has_one(tmp_
         nbformat.write(nb, tmp_path / "subs" / student / "hw1" / "squares.ipynb")
         for name, source in scripts.items():
             (tmp_path / "subs" / student / "hw1" / name).write_text(source)
+    _hand_in(tmp_path / "subs" / "pkg" / "hw1", course, "hw1", "squares",
+             {"squares": "from own_squares import squares"})
+    for name, source in {"__init__.py": "from .inner.squares import squares\n", "inner/__init__.py": "",
+                         "inner/squares.py": "from ..rules import square\n\ndef squares(n):\n"
+                                             "    return [square(i) for i in range(n)]\n",
+                         "rules.py": "def square(i):\n    return i * i\n"}.items():
+        (tmp_path / "subs" / "pkg" / "hw1" / "own_squares" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "subs" / "pkg" / "hw1" / "own_squares" / name).write_text(source)
     grade(tmp_path / "subs", tmp_path / "out", course=course, assignments=["hw1"], **FAST)
     scores = _scores(tmp_path / "out" / "grades.csv")
     reasons = {r["student"]: r["reason"] for r in _rows(tmp_path / "out" / "grades.csv")}
     assert scores["kept", "hw1", "squares"] == scores["own", "hw1", "squares"] == (2.0, "graded"), reasons
+    assert scores["pkg", "hw1", "squares"] == (2.0, "graded"), reasons
 
 
 @needs_bwrap
