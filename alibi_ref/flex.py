@@ -33,10 +33,14 @@ def causal_mask(offset):
 
 @functools.cache
 def _compiled_flex_attention():
+    """Compiled for the first shape it sees, and once more with its lengths as symbols where a second comes
+    (torch.compile's automatic dynamic shapes): with ``dynamic=False`` every new length compiled again, for
+    seconds, and from the ninth on torch gave up and ran FlexAttention uncompiled (scores materialised), so
+    a decoding loop slowed to that after eight tokens."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)
 
 
 @functools.lru_cache(maxsize=64)
@@ -74,6 +78,7 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
     import torch
 
     q_len, k_len = q.shape[-2], k.shape[-2]
+    causal = causal and q_len > 1  # one query is the last position: it sees every key, no mask to build
     if torch.compiler.is_compiling():
         # inside a model being compiled the trace builds the mask, and the offset stays a number of the trace
         # (an int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the

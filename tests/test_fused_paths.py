@@ -539,6 +539,30 @@ def test_flex_inside_a_model_compiled_whole_equals_naive(device, causal, q_len):
     expected = alibi_attention(q.double(), k.double(), v.double(), slopes, causal=causal, impl="naive")
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
+@pytest.mark.parametrize("q_len", [1, 64], ids=["decoding", "chunks"])
+def test_a_growing_cache_compiles_flex_for_two_lengths_and_never_again(device, q_len):
+    """A decoding loop (one query, or a chunk of queries, against a cache one key longer each step) meets a new
+    length at every step. Compiled for static shapes, FlexAttention compiled again at each (seconds each, and
+    from the ninth length on torch gave up and ran it uncompiled, the scores materialised). The second length
+    compiles it once more with the lengths as symbols; no step after that compiles."""
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 8, 320, 32, generator=gen).to(device) for _ in range(2))  # (B, H, j, d): the cache
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32, device=device)
+    torch._dynamo.reset()
+    counters.clear()
+    for step, k_len in enumerate(range(300, 312)):
+        if step == 2:
+            compiled = dict(counters["frames"])
+        q = torch.randn(1, 8, q_len, 32, generator=gen).to(device)
+        out = alibi_attention(q, k[..., :k_len, :], v[..., :k_len, :], slopes, causal=True, impl="flex")
+        expected = alibi_attention(q.double(), k[..., :k_len, :].double(), v[..., :k_len, :].double(), slopes,
+                                   causal=True, impl="naive")
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+    assert dict(counters["frames"]) == compiled, "a step after the second length compiled again"
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
 def test_auto_uses_flex_on_cuda_for_long_sequences():
