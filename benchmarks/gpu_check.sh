@@ -2,19 +2,23 @@
 # The GPU check of alibi_ref (README, "To check a GPU"), prepared for a lent GPU machine's short time:
 #
 #   bash benchmarks/gpu_check.sh               # one call, timeout_s=590: a session's 15 device minutes hold one
+#   bash benchmarks/gpu_check.sh 16384 4096    # the bench table of `auto` (a second call, where time is left)
 #
 # Measured on an H200 (2026-11-26): env 6 s, tests 63 s, a bench size ~11 s a row (a fresh
 # process each, FlexAttention compiled in each), so 20 rows of five paths took 215 s at N = 4096
-# and did not finish in 300 s at N = 16384. The bench's default paths here are the three that
-# decide `auto` (12 rows a size); PATHS="..." names others (strided_mask and sdpa_float_bias ran
-# 2-18x plain there: README, "To check a GPU"). The stages run in order of what matters most.
+# and did not finish in 300 s at N = 16384. That run's table is in the README ("CUDA"); what it left
+# open is why flex takes 1.4-3x plain SDPA, so the default stages now split that time
+# (benchmarks/flex_tuning.py: tune-16384, the kernel's part and candidates for a cheaper kernel;
+# tune-4096, the host's part) and the bench runs when named by its size N, with PATHS="..." for
+# other paths than the three that decide `auto`.
 #
 # Stages run in the order given, each under its own time limit so that one that hangs leaves the
-# others their time; `bench` prints and saves each row as it finishes, so a stage cut short keeps
-# what it measured. What each stage writes goes to $OUT (the device tool's folder; ./gpu_check
-# elsewhere): env.txt, tests.txt, jax.txt, bench-N/ (bench.json, bench.png) and bench-N.txt, reset.txt.
+# others their time; `bench` and flex_tuning print and save each row as it finishes, so a stage cut
+# short keeps what it measured. What each stage writes goes to $OUT (the device tool's folder;
+# ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, reset.txt, tune-N.txt and tune-N/flex_tuning.jsonl,
+# bench-N/ (bench.json, bench.png) and bench-N.txt.
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
-# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, or a size N for bench.
+# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, or a size N for bench.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
@@ -23,8 +27,14 @@ py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # torch, JAX and numpy newer than this machine's may warn of what they will change; not this check's subject
 pytest_=("$py" -m pytest -p no:cacheprovider -q -W "default::FutureWarning" -W "default::DeprecationWarning")
-[ $# -gt 0 ] || set -- env tests 16384 4096 reset jax
+[ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 jax reset
 paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
+# benchmarks/flex_tuning.py's variants, most telling first (a stage cut short keeps its rows): at 16384 the kernel's
+# part (its floor with no bias, score_mod forms, kernel_options, autotuning), at 4096 the host's (the library's checks,
+# a model compiled whole)
+kernel_variants=${KERNEL_VARIANTS:-flex_no_bias library no_abs key_term_only rows_safe tma blocks_128x64_w4_s3 \
+blocks_64x128_w4_s2 blocks_128x128_w8_s3 prescale autotune}
+host_variants=${HOST_VARIANTS:-flex_no_bias library direct compiled_whole}
 
 stage() {  # name, seconds, command...: run it, show its tail, keep all of it in $out/name.txt
     local name=$1 limit=$2
@@ -54,12 +64,17 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
             -k 'not (numpy_torch_and_jax_agree_in_float64 or jax_fused_path_in_float32)'" ;;
     reset)  # what the checks' per-check dynamo.reset() costs a student's next compiled call on CUDA
         stage reset 90 "$py" benchmarks/dynamo_reset_cost.py ;;
+    tune-[0-9]*)  # where flex's time goes and what might cut it: rows of variant, mask, pass; synced and queued
+        n=${what#tune-}
+        variants=$([ "$n" -ge 8192 ] && echo "$kernel_variants" || echo "$host_variants")
+        # shellcheck disable=SC2086  # $variants: one word per variant
+        stage "$what" "$([ "$n" -ge 8192 ] && echo 240 || echo 120)" "$py" benchmarks/flex_tuning.py --sizes "$n" --variants $variants --output "$out/$what" ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
         # shellcheck disable=SC2086  # $paths: one word per path
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
             --paths $paths --output "$out/bench-$what" ;;
     *)
-        echo "unknown stage '$what': expected env, tests, jax, reset or a sequence length" >&2
+        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N or a sequence length N" >&2
         exit 2 ;;
     esac
 done

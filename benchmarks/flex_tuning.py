@@ -1,0 +1,214 @@
+"""Where FlexAttention's ALiBi time goes on a GPU, and what might cut it (issue 15, item 4).
+
+    python benchmarks/flex_tuning.py [--sizes 16384 4096] [--variants ...] [--output DIR] [--device cuda]
+
+On an H200 (README, "CUDA") ``alibi_attention(impl="flex")`` took 1.4-2.0x plain SDPA at N = 16384 and
+2.3-3.0x at 4096, bf16, where the goal is 1.2x. This splits that time: FlexAttention's own kernel with
+nothing to add (``flex_no_bias``), the library's Python around the call (``direct`` calls the same compiled
+kernel without it; ``compiled_whole`` compiles the call as a model compiled whole would), and candidates
+for a cheaper kernel (score_mod forms, FlexAttention's ``kernel_options``, autotuning). Each variant's
+output is first compared with the library's (``max_diff``, in the dtype's units: a variant that is fast and
+wrong shows), then timed call for call in turn with plain SDPA, forward and forward+backward, both masks:
+
+    synced   a call and a synchronisation, as ``bench`` times it: the host's time counts in full
+    queued   ``--queue`` calls back to back, then one synchronisation: the time a call adds in a model,
+             where the host prepares the next call while the GPU runs this one
+
+Each row is printed and appended to DIR/flex_tuning.jsonl as it is measured, so a run cut short keeps
+what it measured; a variant that fails (a block size the kernel cannot take, an option this torch
+lacks) gets a row with its error. On the CPU it runs too (small N; the kernel-option variants are
+CUDA's and are skipped), which is how the test suite keeps it working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from alibi_ref import alibi_attention, get_slopes
+from alibi_ref.flex import _causal_block_mask, _compiled_flex_attention, _offset, alibi_score_mod
+
+# a variant: (what it is, which masks it takes: None both, True causal only, whether it needs CUDA)
+VARIANTS = {
+    "flex_no_bias": ("FlexAttention's kernel with no score_mod, the same block mask", None, False),
+    "library": ("alibi_attention(impl='flex'), as a user calls it", None, False),
+    "direct": ("the same compiled kernel and score_mod, called without alibi_attention's checks", None, False),
+    "compiled_whole": ("torch.compile(fullgraph) around the alibi_attention call, as in a model", None, False),
+    "no_abs": ("causal: -m (i' - j) without abs (the mask keeps j <= i')", True, False),
+    "key_term_only": ("causal: + m j, the query's term -m i' dropped (softmax is shift-invariant per row)",
+                      True, False),
+    "rows_safe": ("kernel_options ROWS_GUARANTEED_SAFE (every query keeps a key); causal: BLOCKS_ARE_CONTIGUOUS",
+                  None, True),
+    "tma": ("kernel_options USE_TMA (Hopper and later)", None, True),
+    "prescale": ("kernel_options PRESCALE_QK (q scaled once, log2 base: a little less precise)", None, True),
+    "blocks_128x128_w8_s3": ("BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages", None, True),
+    "blocks_128x64_w4_s3": ("BLOCK_M 128, BLOCK_N 64, 4 warps, 3 stages", None, True),
+    "blocks_64x128_w4_s2": ("BLOCK_M 64, BLOCK_N 128, 4 warps, 2 stages", None, True),
+    "autotune": ("torch.compile(mode='max-autotune-no-cudagraphs'): inductor tries the kernel's configurations",
+                 None, True),
+}
+
+
+def causal_score_mods(slopes, offset):
+    """The two causal forms: inside the causal mask i' - j >= 0, so |i' - j| needs no abs; and -m (i' - j) =
+    -m i' + m j, where -m i' is the same for every key of the row, which softmax ignores."""
+
+    def no_abs(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx + offset - kv_idx)
+
+    def key_term_only(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * kv_idx
+
+    return {"no_abs": no_abs, "key_term_only": key_term_only}
+
+
+def kernel_options(variant: str, causal: bool) -> dict | None:
+    if variant == "rows_safe":
+        return {"ROWS_GUARANTEED_SAFE": True, **({"BLOCKS_ARE_CONTIGUOUS": True} if causal else {})}
+    if variant == "tma":
+        return {"USE_TMA": True}
+    if variant == "prescale":
+        return {"PRESCALE_QK": True}
+    if variant.startswith("blocks_"):
+        size, warps, stages = variant.removeprefix("blocks_").split("_")
+        block_m, block_n = size.split("x")
+        return {"BLOCK_M": int(block_m), "BLOCK_N": int(block_n), "num_warps": int(warps[1:]),
+                "num_stages": int(stages[1:])}
+    return None
+
+
+def attention(variant: str, slopes, causal: bool):
+    """The variant as a function of (q, k, v)."""
+    if variant == "library":
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
+    if variant == "compiled_whole":
+        return torch.compile(lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex"),
+                             fullgraph=True, dynamic=False)
+    if variant == "autotune":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        attend = torch.compile(flex_attention, dynamic=False, mode="max-autotune-no-cudagraphs")
+    else:
+        attend = _compiled_flex_attention()
+
+    def flex(q, k, v):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        offset = _offset(q_len, k_len, q.device)
+        score_mod = (None if variant == "flex_no_bias" else causal_score_mods(slopes, offset)[variant]
+                     if variant in ("no_abs", "key_term_only") else alibi_score_mod(slopes, offset))
+        mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
+        return attend(q, k, v, score_mod=score_mod, block_mask=mask, kernel_options=kernel_options(variant, causal))
+
+    return flex
+
+
+def measure(variant: str, n: int, causal: bool, backward: bool, dtype, device, repeat: int, queue: int) -> dict:
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, upstream = (torch.randn(1, 8, n, 64, device=device, generator=gen).to(dtype) for _ in range(4))
+    q, k, v = (x.requires_grad_(backward) for x in (q, k, v))  # (B, H, N, d)
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32, device=device)
+    row = {"variant": variant, "n": n, "causal": causal, "pass": "fwd+bwd" if backward else "fwd",
+           "dtype": str(dtype).removeprefix("torch."), "device": str(device)}
+    try:
+        fn = attention(variant, slopes, causal)
+        with torch.no_grad():
+            out = fn(q, k, v)
+            if variant != "flex_no_bias":
+                reference = alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
+                row["max_diff_in_eps"] = float((out.float() - reference.float()).abs().max()) / torch.finfo(dtype).eps
+    except Exception as err:  # a variant this torch or GPU cannot run is a result too
+        return {**row, "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"}
+    plain = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))  # noqa: E731
+
+    def call(f):
+        out = f(q, k, v)
+        if backward:
+            out.backward(upstream)
+
+    def synced(f) -> float:
+        sync(device)
+        start = time.perf_counter()
+        call(f)
+        sync(device)
+        return time.perf_counter() - start
+
+    def queued(f) -> float:
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(queue):
+            call(f)
+        sync(device)
+        return (time.perf_counter() - start) / queue
+
+    for f in (fn, plain):
+        call(f)  # warm-up, and the backward's compilation
+    for how, timer in (("synced", synced), ("queued", queued)):
+        times, plain_times = [], []
+        for _ in range(repeat):
+            times.append(timer(fn))
+            plain_times.append(timer(plain))
+        row[f"{how}_ms"] = statistics.median(times) * 1e3
+        row[f"{how}_plain_ms"] = statistics.median(plain_times) * 1e3
+        row[f"{how}_ratio"] = row[f"{how}_ms"] / row[f"{how}_plain_ms"]
+    q.grad = k.grad = v.grad = None
+    return row
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def applicable(variant: str, causal: bool, device) -> bool:
+    _, masks, needs_cuda = VARIANTS[variant]
+    return (masks is None or masks == causal) and (device.type == "cuda" or not needs_cuda)
+
+
+def line(row: dict) -> str:
+    setting = f"N={row['n']:<6} {'causal' if row['causal'] else 'sym':6} {row['pass']:7} {row['variant']:22}"
+    if "error" in row:
+        return f"{setting} failed: {row['error']}"
+    diff = f"max diff {row['max_diff_in_eps']:6.1f} eps" if "max_diff_in_eps" in row else " " * 19
+    return (f"{setting} synced {row['synced_ms']:8.3f} ms {row['synced_ratio']:5.2f}x   queued {row['queued_ms']:8.3f}"
+            f" ms {row['queued_ratio']:5.2f}x   (plain {row['queued_plain_ms']:.3f} ms)   {diff}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16384, 4096])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT",
+                        help=f"default: all that apply ({', '.join(VARIANTS)})")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--queue", type=int, default=10, help="calls back to back in a queued timing")
+    parser.add_argument("--passes", nargs="+", choices=("fwd", "fwd+bwd"),
+                        help="default: both on CUDA; the CPU's FlexAttention has no backward")
+    parser.add_argument("--output", type=Path, default=Path("flex_tuning"))
+    args = parser.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    passes = args.passes or (["fwd", "fwd+bwd"] if device.type == "cuda" else ["fwd"])
+    args.output.mkdir(parents=True, exist_ok=True)
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}; "
+          f"{args.dtype}, B = 1, H = 8, d = 64; ratios to plain SDPA timed in turn", flush=True)
+    with open(args.output / "flex_tuning.jsonl", "a") as log:
+        for n in args.sizes:
+            for causal in (False, True):
+                for variant in (v for v in args.variants if applicable(v, causal, device)):
+                    torch._dynamo.reset()  # each variant compiled afresh: none of another's cache entries, no limit
+                    for pass_ in passes:
+                        row = measure(variant, n, causal, pass_ == "fwd+bwd", dtype, device, args.repeat, args.queue)
+                        print(line(row), flush=True)
+                        log.write(json.dumps(row) + "\n")
+                        log.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
