@@ -157,7 +157,7 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
                 dropout: bool = False, v=None, causal: bool = False) -> str:
     """The path to run. ``positional``: the call has key padding, explicit positions or a sliding window,
-    which only the paths with a materialised bias (naive, sdpa) take. ``dropout``: attention dropout,
+    which the strided path cannot take (``alibi_attention`` says where flex does). ``dropout``: attention dropout,
     which FlexAttention does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
@@ -165,8 +165,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
         return _choose_jax(impl, q, q if v is None else v, return_weights)
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
-    if positional and impl in ("strided", "flex"):
-        raise ValueError(f"impl={impl!r} cannot take key_padding_mask, positions or window; use 'sdpa' or "
+    if positional and impl == "strided":
+        raise ValueError("impl='strided' cannot take key_padding_mask, positions or window; use 'flex', 'sdpa' or "
                          "'naive' ('auto' picks sdpa for tensors)")
     if positional and impl == "auto":
         return "sdpa" if is_tensor(q) and not return_weights else "naive"
@@ -247,15 +247,17 @@ def alibi_attention(
     batch row (default: the keys 0..k_len-1, the queries the last q_len of them). Each token's
     distance is then |p_i - p_j| and causal masks keys with a later position: left padding
     (positions from ``mask.cumsum(-1) - 1``, as BLOOM does), packed sequences, caches with gaps.
-    These run on the naive and sdpa paths ("auto" picks sdpa for tensors). A query row that sees
-    no key at all gives zeros.
+    These run on the naive and sdpa paths ("auto" picks sdpa for tensors), and on flex on CUDA, which
+    builds no (B, H, i, j) bias (not yet timed on a GPU, so not "auto"'s choice). A query row that
+    sees no key at all gives zeros.
 
     ``dropout_p``: attention dropout on the weights (torch only; pass 0 outside training).
 
     ``window`` (left, right): a sliding window as FlashAttention-2's ``window_size`` beside its
     ``alibi_slopes``: each query sees the keys at most ``left`` positions before it and ``right``
     after it (-1 or None: no limit; causal with (left, 0) is a causal sliding window). It runs on
-    the naive and sdpa paths, with the bias materialised, like padding.
+    the naive and sdpa paths, with the bias materialised, like padding, and on flex, whose block
+    mask skips the tiles outside the window.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -266,16 +268,21 @@ def alibi_attention(
     slopes = as_like(slopes, q, work)
     dropout_p = _check_dropout(dropout_p, q)
     window = check_window(window)
-    positional = _positional_bias(q, slopes, dims, causal, key_padding_mask, q_positions, k_positions, window)
-    chosen = choose_impl(impl, q, dims, return_weights, positional is not None or window is not None,
+    per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
+    chosen = choose_impl(impl, q, dims, return_weights, per_row is not None or window is not None,
                          dropout_p > 0, v, causal)
-    if positional is not None:
-        return _with_bias(q, k, v, positional, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
-                          rows_may_see_nothing=True)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
-        return flex_alibi_attention(q, k, v, slopes, scale, causal, groups)
+        if per_row is not None and q.device.type != "cuda":
+            raise ValueError("impl='flex' takes key_padding_mask and positions on CUDA only: torch's CPU compiler "
+                             "fails on them once the lengths vary (torch 2.13); use 'sdpa' or 'naive' on the CPU")
+        return flex_alibi_attention(q, k, v, slopes, scale, causal, groups, *_flat_rows(q, per_row), window=window)
+    if per_row is not None:
+        bias = positional_bias(slopes, per_row[0], per_row[1], causal=causal, key_padding_mask=per_row[2],
+                               window=window)  # (..., H, i, j)
+        return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
+                          rows_may_see_nothing=True)
     if chosen == "strided":
         from .strided import strided_alibi_attention
 
@@ -332,8 +339,9 @@ def _rows_with_no_key_are_zero(x, bias):
     return x if sees.all() else np.where(sees, x, 0.0)
 
 
-def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_positions, k_positions, window=None):
-    """The (..., H, i, j) bias for key padding or explicit positions, or None when the call has neither."""
+def _per_row(q, dims: Dims, key_padding_mask, q_positions, k_positions):
+    """(q_positions, k_positions, key_padding_mask or None), checked, each (length,) or (*batch, length), the
+    positions' defaults filled in; or None when the call has neither padding nor positions."""
     if key_padding_mask is None and q_positions is None and k_positions is None:
         return None
     batch = tuple(q.shape[:-3])
@@ -345,8 +353,21 @@ def _positional_bias(q, slopes, dims: Dims, causal: bool, key_padding_mask, q_po
     k_positions = _per_batch_row(k_positions, q, batch, dims.k_len, "k_positions", integer=True)
     if key_padding_mask is not None:
         key_padding_mask = _per_batch_row(key_padding_mask, q, batch, dims.k_len, "key_padding_mask", integer=False)
-    return positional_bias(slopes, q_positions, k_positions, causal=causal, key_padding_mask=key_padding_mask,
-                           window=window)
+    return q_positions, k_positions, key_padding_mask
+
+
+def _flat_rows(q, per_row) -> tuple:
+    """``_per_row``'s tensors for the kernels' flattened batch: ((q_positions (B, i), k_positions (B, j)),
+    key_padding_mask (B, j) or None); (None, None) for a call without them."""
+    if per_row is None:
+        return None, None
+    batch = tuple(q.shape[:-3])
+
+    def flat(x):  # (n,) or (*batch, n) -> (B, n)
+        return None if x is None else x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1])
+
+    q_positions, k_positions, key_padding_mask = per_row
+    return (flat(q_positions), flat(k_positions)), flat(key_padding_mask)
 
 
 def _per_batch_row(x, like, batch: tuple, length: int, name: str, integer: bool):

@@ -3,8 +3,12 @@
 FlexAttention (torch >= 2.5) compiles attention with a user function applied to each score, so
 the kernel evaluates -m_h |i' - j| from the tile's indices and no bias tensor ever exists. With
 torch.compile it runs fused on CUDA (Triton) and on CPU; uncompiled it would materialise the
-scores, so it is only ever called compiled. The causal mask is a block mask: whole tiles above
-the diagonal are skipped, not computed and thrown away.
+scores, so it is only ever called compiled. What a query may not see (the causal mask, key padding,
+a sliding window) is a block mask: whole tiles nobody sees are skipped, not computed and thrown away.
+
+Distances: rel = i' - j, how far key j lies behind query i, with the queries at the end of the keys
+(i' = i + k_len - q_len); or, with explicit positions, rel = p_i - p_j from each batch row's own
+(left padding, packed sequences, caches with gaps: ``alibi_attention``'s ``q_positions``).
 """
 
 from __future__ import annotations
@@ -14,21 +18,46 @@ import functools
 from ._backend import over_flat_batch
 
 
-def alibi_score_mod(slopes, offset):
-    """The score_mod: ALiBi exactly as the paper writes it. ``offset`` = k_len - q_len (a tensor)."""
+def distance(offset, positions=None):
+    """rel(b, q_idx, kv_idx): i + offset - j, or q_positions[b, i] - k_positions[b, j] where ``positions``
+    = (q_positions (B, i), k_positions (B, j)) is given. ``offset`` = k_len - q_len."""
+    if positions is None:
+        return lambda b, q_idx, kv_idx: q_idx + offset - kv_idx
+    q_positions, k_positions = positions
+    return lambda b, q_idx, kv_idx: q_positions[b, q_idx] - k_positions[b, kv_idx]
+
+
+def alibi_score_mod(slopes, offset, positions=None):
+    """The score_mod: ALiBi exactly as the paper writes it, -m_h |rel| (``distance``)."""
+    rel = distance(offset, positions)
 
     def alibi(score, b, h, q_idx, kv_idx):
-        # queries sit at the end of the keys: query i is at key position i' = i + offset
-        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+        return score - slopes[h] * rel(b, q_idx, kv_idx).abs()
 
     return alibi
 
 
-def causal_mask(offset):
-    def causal(b, h, q_idx, kv_idx):
-        return q_idx + offset >= kv_idx
+def visibility(offset, causal: bool, positions=None, key_padding_mask=None, window=None):
+    """The mask_mod of the keys each query sees, or None where it sees every key: with ``causal`` none
+    behind it in the future (rel < 0), with ``key_padding_mask`` (B, j) only the keys that exist, with
+    ``window`` (left, right) only those at most ``left`` behind and ``right`` ahead."""
+    rel = distance(offset, positions)
+    left, right = window or (None, None)
+    rules = [rule for rule, wanted in [
+        (lambda b, q_idx, kv_idx: rel(b, q_idx, kv_idx) >= 0, causal),
+        (lambda b, q_idx, kv_idx: key_padding_mask[b, kv_idx], key_padding_mask is not None),
+        (lambda b, q_idx, kv_idx: rel(b, q_idx, kv_idx) <= left, left is not None),
+        (lambda b, q_idx, kv_idx: rel(b, q_idx, kv_idx) >= -right, right is not None)] if wanted]
+    if not rules:
+        return None
 
-    return causal
+    def visible(b, h, q_idx, kv_idx):
+        seen = rules[0](b, q_idx, kv_idx)
+        for rule in rules[1:]:
+            seen = seen & rule(b, q_idx, kv_idx)
+        return seen
+
+    return visible
 
 
 @functools.cache
@@ -44,20 +73,26 @@ def _compiled_flex_attention():
 
 
 @functools.lru_cache(maxsize=64)
-def _causal_block_mask(q_len: int, k_len: int, device):
-    """Which tiles the causal mask leaves whole, partial or empty: built once per shape. On CUDA it
-    is built compiled, holding no (q_len, k_len) tensor (uncompiled it took gigabytes at
-    N = 16384: README, "CUDA"); torch 2.13's CPU compiler fails on it
-    for q_len = 1, so the CPU builds it eagerly."""
+def _shape_block_mask(q_len: int, k_len: int, device, causal: bool, window=None):
+    """The block mask of the causal mask and a window, which depend on the shape only: built once per shape.
+    On CUDA it is built compiled, holding no (q_len, k_len) tensor (uncompiled it took gigabytes at
+    N = 16384: README, "CUDA"); torch 2.13's CPU compiler fails on it for q_len = 1, so the CPU builds it
+    eagerly."""
     import torch
 
-    return _block_mask(q_len, k_len, device, _offset(q_len, k_len, device), torch.device(device).type == "cuda")
+    offset = _offset(q_len, k_len, device)
+    return _block_mask(visibility(offset, causal, window=window), None, q_len, k_len, device,
+                       torch.device(device).type == "cuda")
 
 
-def _block_mask(q_len: int, k_len: int, device, offset, compiled: bool = False):
+def _causal_block_mask(q_len: int, k_len: int, device):
+    return _shape_block_mask(q_len, k_len, device, True)
+
+
+def _block_mask(mask_mod, batch: int | None, q_len: int, k_len: int, device, compiled: bool = False):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(causal_mask(offset), None, None, q_len, k_len, device=device, _compile=compiled)
+    return create_block_mask(mask_mod, batch, None, q_len, k_len, device=device, _compile=compiled)
 
 
 def _offset(q_len: int, k_len: int, device):
@@ -73,22 +108,37 @@ def _offset(q_len: int, k_len: int, device):
 
 
 @over_flat_batch
-def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int):
-    """ALiBi attention through compiled FlexAttention. q (..., H, i, d); k, v (..., H_kv, j, d | d_v)."""
+def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, positions=None,
+                         key_padding_mask=None, window=None):
+    """ALiBi attention through compiled FlexAttention. q (B, H, i, d); k, v (B, H_kv, j, d | d_v) (any leading
+    dimensions: ``over_flat_batch``). ``positions`` (q_positions (B, i), k_positions (B, j)) and
+    ``key_padding_mask`` (B, j), per row of the flattened batch; ``window`` (left, right) as ``check_window``
+    gives it. A query that sees no key gets zeros, as FlexAttention gives them."""
     import torch
 
     q_len, k_len = q.shape[-2], k.shape[-2]
-    causal = causal and q_len > 1  # one query is the last position: it sees every key, no mask to build
-    if torch.compiler.is_compiling():
-        # inside a model being compiled the trace builds the mask, and the offset stays a number of the trace
-        # (an int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the
-        # graph (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
-        from torch.nn.attention.flex_attention import flex_attention as attend
-
-        offset = k_len - q_len
-        block_mask = _block_mask(q_len, k_len, q.device, offset) if causal else None
+    # one query with the default positions is the last position: it sees every key, no causal mask to build
+    causal = causal and (q_len > 1 or positions is not None)
+    per_row = positions is not None or key_padding_mask is not None  # what each batch row sees is its own
+    compiling = torch.compiler.is_compiling()
+    if positions is not None:  # int32 like the kernel's own indices
+        positions = tuple(p.to(device=q.device, dtype=torch.int32) for p in positions)
+    if key_padding_mask is not None:
+        key_padding_mask = key_padding_mask.to(q.device)
+    # inside a model being compiled the trace builds the mask, and the offset stays a number of the trace (an
+    # int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the graph
+    # (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
+    offset = k_len - q_len if compiling else _offset(q_len, k_len, q.device)
+    if per_row or compiling:
+        visible = visibility(offset, causal, positions, key_padding_mask, window)
+        block_mask = None if visible is None else _block_mask(
+            visible, q.shape[0] if per_row else None, q_len, k_len, q.device,
+            q.device.type == "cuda" and not compiling)
     else:
-        attend, offset = _compiled_flex_attention(), _offset(q_len, k_len, q.device)
-        block_mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
-    return attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset), block_mask=block_mask, scale=scale,
-                  enable_gqa=groups > 1)
+        block_mask = _shape_block_mask(q_len, k_len, q.device, causal, window) if causal or window else None
+    if compiling:
+        from torch.nn.attention.flex_attention import flex_attention as attend
+    else:
+        attend = _compiled_flex_attention()
+    return attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset, positions), block_mask=block_mask,
+                  scale=scale, enable_gqa=groups > 1)

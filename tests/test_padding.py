@@ -226,11 +226,10 @@ def test_a_sliding_window_sees_only_its_keys(window, causal, device):
     np.testing.assert_allclose(on_sdpa.cpu().numpy(), expected, atol=1e-12)
 
 
-def test_a_window_refuses_the_unmaterialised_paths_and_bad_sizes():
+def test_a_window_refuses_the_strided_path_and_bad_sizes():
     q = torch.zeros(1, 2, 4, 3)
-    for impl in ("strided", "flex"):
-        with pytest.raises(ValueError, match="cannot take key_padding_mask, positions or window"):
-            alibi_attention(q, q, q, get_slopes(2), window=(1, 1), impl=impl)
+    with pytest.raises(ValueError, match="cannot take key_padding_mask, positions or window"):
+        alibi_attention(q, q, q, get_slopes(2), window=(1, 1), impl="strided")
     for bad in ((1,), (-2, 0), (1.5, 0), "wide"):
         with pytest.raises(ValueError, match="window"):
             alibi_attention(q, q, q, get_slopes(2), window=bad)
@@ -248,3 +247,57 @@ def test_a_window_with_positions_and_in_the_layer():
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]).bool()
     padded = layer(x, attention_mask=mask)
     torch.testing.assert_close(padded[1, 2:], layer(x[1:, 2:])[0])
+
+
+# ----------------------------------------------------------------------------- FlexAttention: no bias built
+
+@pytest.mark.parametrize(("window", "causal"), [((5, 2), False), ((9, 0), True), ((0, None), False)])
+def test_flex_takes_a_sliding_window_at_any_length(window, causal, device):
+    """The window is a block mask of the shape alone: tiles outside it are skipped. Three lengths, as a model
+    meets them: the second compiles FlexAttention with its lengths as symbols."""
+    gen = torch.Generator().manual_seed(6)
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
+    for q_len, k_len in [(40, 40), (41, 41), (3, 57)]:
+        q = torch.randn(2, 4, q_len, 16, generator=gen, dtype=torch.float64)
+        k, v = (torch.randn(2, 4, k_len, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+        expected = alibi_attention(q, k, v, slopes, causal=causal, window=window, impl="naive")
+        out = alibi_attention(*(x.to(device, torch.float32) for x in (q, k, v)), slopes.to(device), causal=causal,
+                              window=window, impl="flex")
+        torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_flex_on_the_cpu_refuses_padding_and_positions_and_says_where_they_run():
+    q = torch.zeros(2, 2, 4, 8)
+    for kwargs in ({"key_padding_mask": torch.ones(2, 4, dtype=torch.bool)}, {"q_positions": torch.arange(4)}):
+        with pytest.raises(ValueError, match="takes key_padding_mask and positions on CUDA only"):
+            alibi_attention(q, q, q, get_slopes(2), impl="flex", **kwargs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
+@pytest.mark.parametrize("causal", [True, False])
+def test_flex_takes_padding_and_positions_on_cuda_forward_and_backward(causal):
+    """A left-padded batch (BLOOM's positions), the same with a window, and a batch row with no key at all
+    (zeros, and no gradient through it), at three widths; output and gradients against naive in float64."""
+    gen = torch.Generator().manual_seed(5)
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
+    for width in (130, 131, 200):
+        mask = torch.arange(width)[None, :] >= width - torch.tensor([width, width // 2, 1])[:, None]
+        positions = (mask.cumsum(-1) - 1) * mask
+        nothing = mask.clone()
+        nothing[2] = False  # the last row sees no key
+        q, k, v = (torch.randn(3, 4, width, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+        for kwargs in ({"key_padding_mask": mask, "q_positions": positions, "k_positions": positions},
+                       {"key_padding_mask": mask, "q_positions": positions, "k_positions": positions,
+                        "window": (7, 3)}, {"key_padding_mask": nothing}):
+            reference = [x.requires_grad_() for x in (q.clone(), k.clone(), v.clone())]
+            leaves = [x.detach().cuda().float().requires_grad_() for x in reference]
+            on_cuda = {name: x.cuda() if torch.is_tensor(x) else x for name, x in kwargs.items()}
+            expected = alibi_attention(*reference, slopes, causal=causal, impl="naive", **kwargs)
+            out = alibi_attention(*leaves, slopes.cuda(), causal=causal, impl="flex", **on_cuda)
+            torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-4, atol=1e-5)
+            grad = torch.randn_like(expected)
+            theirs = torch.autograd.grad(expected, reference, grad)
+            ours = torch.autograd.grad(out, leaves, grad.cuda().float())
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=1e-4)
