@@ -41,6 +41,10 @@ VARIANTS = {
     "library": ("alibi_attention(impl='flex'), as a user calls it", None, False),
     "direct": ("the same compiled kernel and score_mod, called without alibi_attention's checks", None, False),
     "compiled_whole": ("torch.compile(fullgraph) around the alibi_attention call, as in a model", None, False),
+    "sdpa_bias": ("alibi_attention(impl='sdpa'): SDPA reading the bias built for the call", None, False),
+    "positions": ("flex with explicit positions and a key padding mask (all real here): read in the kernel",
+                  None, True),
+    "sdpa_positions": ("the same on alibi_attention(impl='sdpa'), which builds the (B, H, i, j) bias", None, True),
     "no_abs": ("causal: -m (i' - j) without abs (the mask keeps j <= i')", True, False),
     "key_term_only": ("causal: + m j, the query's term -m i' dropped (softmax is shift-invariant per row)",
                       True, False),
@@ -86,8 +90,19 @@ def kernel_options(variant: str, causal: bool) -> dict | None:
 
 def attention(variant: str, slopes, causal: bool):
     """The variant as a function of (q, k, v)."""
-    if variant == "library":
-        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
+    if variant in ("library", "sdpa_bias"):
+        impl = "flex" if variant == "library" else "sdpa"
+        return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
+    if variant in ("positions", "sdpa_positions"):
+        impl = "flex" if variant == "positions" else "sdpa"
+
+        def padded(q, k, v):  # the default positions, given explicitly: the same numbers by the per-row route
+            k_positions = torch.arange(k.shape[-2], device=q.device).expand(q.shape[0], -1)
+            return alibi_attention(q, k, v, slopes, causal=causal, impl=impl, k_positions=k_positions,
+                                   q_positions=k_positions[:, k.shape[-2] - q.shape[-2]:],
+                                   key_padding_mask=torch.ones_like(k_positions, dtype=torch.bool))
+
+        return padded
     if variant == "compiled_whole":
         return torch.compile(lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl="flex"),
                              fullgraph=True, dynamic=False)
@@ -103,19 +118,23 @@ def attention(variant: str, slopes, causal: bool):
         offset = _offset(q_len, k_len, q.device)
         score_mod = (None if variant == "flex_no_bias" else causal_score_mods(slopes, offset)[variant]
                      if variant in ("no_abs", "key_term_only") else alibi_score_mod(slopes, offset))
-        mask = _causal_block_mask(q_len, k_len, q.device) if causal else None
+        mask = _causal_block_mask(q_len, k_len, q.device) if causal and q_len > 1 else None  # as the library
         return attend(q, k, v, score_mod=score_mod, block_mask=mask, kernel_options=kernel_options(variant, causal))
 
     return flex
 
 
-def measure(variant: str, n: int, causal: bool, backward: bool, dtype, device, repeat: int, queue: int) -> dict:
+def measure(variant: str, n: int, causal: bool, backward: bool, dtype, device, repeat: int, queue: int,
+            decode: bool = False) -> dict:
+    """One row. ``decode``: one query against N keys, a batch of 8 (a decoding step with a KV cache)."""
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v, upstream = (torch.randn(1, 8, n, 64, device=device, generator=gen).to(dtype) for _ in range(4))
+    batch, q_len = (8, 1) if decode else (1, n)
+    q, upstream = (torch.randn(batch, 8, q_len, 64, device=device, generator=gen).to(dtype) for _ in range(2))
+    k, v = (torch.randn(batch, 8, n, 64, device=device, generator=gen).to(dtype) for _ in range(2))
     q, k, v = (x.requires_grad_(backward) for x in (q, k, v))  # (B, H, N, d)
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32, device=device)
-    row = {"variant": variant, "n": n, "causal": causal, "pass": "fwd+bwd" if backward else "fwd",
-           "dtype": str(dtype).removeprefix("torch."), "device": str(device)}
+    row = {"variant": variant, "n": n, "q_len": q_len, "batch": batch, "causal": causal,
+           "pass": "fwd+bwd" if backward else "fwd", "dtype": str(dtype).removeprefix("torch."), "device": str(device)}
     try:
         fn = attention(variant, slopes, causal)
         with torch.no_grad():
@@ -125,7 +144,8 @@ def measure(variant: str, n: int, causal: bool, backward: bool, dtype, device, r
                 row["max_diff_in_eps"] = float((out.float() - reference.float()).abs().max()) / torch.finfo(dtype).eps
     except Exception as err:  # a variant this torch or GPU cannot run is a result too
         return {**row, "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"}
-    plain = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))  # noqa: E731
+    # the floor: one query is the last position and sees every key (is_causal would align it to the first)
+    plain = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal and not decode))  # noqa: E731
 
     def call(f):
         out = f(q, k, v)
@@ -172,7 +192,8 @@ def applicable(variant: str, causal: bool, device) -> bool:
 
 
 def line(row: dict) -> str:
-    setting = f"N={row['n']:<6} {'causal' if row['causal'] else 'sym':6} {row['pass']:7} {row['variant']:22}"
+    shape = f"N={row['n']}" if row["q_len"] == row["n"] else f"1 of N={row['n']}, B={row['batch']}"
+    setting = f"{shape:<16} {'causal' if row['causal'] else 'sym':6} {row['pass']:7} {row['variant']:22}"
     if "error" in row:
         return f"{setting} failed: {row['error']}"
     diff = f"max diff {row['max_diff_in_eps']:6.1f} eps" if "max_diff_in_eps" in row else " " * 19
@@ -191,20 +212,23 @@ def main(argv=None) -> None:
     parser.add_argument("--queue", type=int, default=10, help="calls back to back in a queued timing")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "fwd+bwd"),
                         help="default: both on CUDA; the CPU's FlexAttention has no backward")
+    parser.add_argument("--decode", action="store_true", help="one query against N keys, B = 8, causal: a "
+                        "decoding step (forward)")
     parser.add_argument("--output", type=Path, default=Path("flex_tuning"))
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    passes = args.passes or (["fwd", "fwd+bwd"] if device.type == "cuda" else ["fwd"])
+    passes = args.passes or (["fwd", "fwd+bwd"] if device.type == "cuda" and not args.decode else ["fwd"])
     args.output.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}; "
-          f"{args.dtype}, B = 1, H = 8, d = 64; ratios to plain SDPA timed in turn", flush=True)
+          f"{args.dtype}, B = {8 if args.decode else 1}, H = 8, d = 64; ratios to plain SDPA timed in turn", flush=True)
     with open(args.output / "flex_tuning.jsonl", "a") as log:
         for n in args.sizes:
-            for causal in (False, True):
+            for causal in (True,) if args.decode else (False, True):
                 for variant in (v for v in args.variants if applicable(v, causal, device)):
                     torch._dynamo.reset()  # each variant compiled afresh: none of another's cache entries, no limit
                     for pass_ in passes:
-                        row = measure(variant, n, causal, pass_ == "fwd+bwd", dtype, device, args.repeat, args.queue)
+                        row = measure(variant, n, causal, pass_ == "fwd+bwd", dtype, device, args.repeat, args.queue,
+                                      args.decode)
                         print(line(row), flush=True)
                         log.write(json.dumps(row) + "\n")
                         log.flush()

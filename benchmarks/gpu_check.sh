@@ -15,10 +15,10 @@
 # Stages run in the order given, each under its own time limit so that one that hangs leaves the
 # others their time; `bench` and flex_tuning print and save each row as it finishes, so a stage cut
 # short keeps what it measured. What each stage writes goes to $OUT (the device tool's folder;
-# ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, reset.txt, tune-N.txt and tune-N/flex_tuning.jsonl,
+# ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, reset.txt, tune-N.txt and tune-N/flex_tuning.jsonl (decode-N alike),
 # bench-N/ (bench.json, bench.png) and bench-N.txt.
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
-# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, or a size N for bench.
+# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, or a size N for bench.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
@@ -27,14 +27,15 @@ py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # torch, JAX and numpy newer than this machine's may warn of what they will change; not this check's subject
 pytest_=("$py" -m pytest -p no:cacheprovider -q -W "default::FutureWarning" -W "default::DeprecationWarning")
-[ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 jax reset
+[ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 decode-16384 jax reset
 paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 # benchmarks/flex_tuning.py's variants, most telling first (a stage cut short keeps its rows): at 16384 the kernel's
 # part (its floor with no bias, score_mod forms, kernel_options, autotuning), at 4096 the host's (the library's checks,
 # a model compiled whole)
-kernel_variants=${KERNEL_VARIANTS:-flex_no_bias library no_abs key_term_only rows_safe tma blocks_128x64_w4_s3 \
-blocks_64x128_w4_s2 blocks_128x128_w8_s3 prescale autotune}
-host_variants=${HOST_VARIANTS:-flex_no_bias library direct compiled_whole}
+kernel_variants=${KERNEL_VARIANTS:-flex_no_bias library no_abs key_term_only positions rows_safe tma \
+blocks_128x64_w4_s3 blocks_64x128_w4_s2 blocks_128x128_w8_s3 prescale autotune}
+host_variants=${HOST_VARIANTS:-flex_no_bias library direct compiled_whole positions sdpa_positions}
+decode_variants=${DECODE_VARIANTS:-library direct sdpa_bias}
 
 stage() {  # name, seconds, command...: run it, show its tail, keep all of it in $out/name.txt
     local name=$1 limit=$2
@@ -69,12 +70,16 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         variants=$([ "$n" -ge 8192 ] && echo "$kernel_variants" || echo "$host_variants")
         # shellcheck disable=SC2086  # $variants: one word per variant
         stage "$what" "$([ "$n" -ge 8192 ] && echo 240 || echo 120)" "$py" benchmarks/flex_tuning.py --sizes "$n" --variants $variants --output "$out/$what" ;;
+    decode-[0-9]*)  # a decoding step, one query against N keys (B = 8): flex or the bias SDPA reads, for auto
+        # shellcheck disable=SC2086  # $decode_variants: one word per variant
+        stage "$what" 90 "$py" benchmarks/flex_tuning.py --decode --sizes "${what#decode-}" --variants $decode_variants \
+            --output "$out/$what" ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
         # shellcheck disable=SC2086  # $paths: one word per path
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
             --paths $paths --output "$out/bench-$what" ;;
     *)
-        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N or a sequence length N" >&2
+        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N or a sequence length N" >&2
         exit 2 ;;
     esac
 done

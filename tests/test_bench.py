@@ -153,3 +153,12 @@ def test_the_flex_tuning_script_checks_each_variant_against_the_library_and_time
     # dropping the query's term moves each logit by m i' before the softmax, rounded in float32
     assert 0 < diffs["key_term_only"] < 200, diffs
     assert "key_term_only" in done.stdout and "max diff" in done.stdout
+    # a decoding step: one query (the last position) against N keys, a batch of 8; sdpa_bias reads the bias
+    cmd = [*cmd[:cmd.index("--variants")], "--variants", "library", "sdpa_bias", "--decode", "--output",
+           str(tmp_path / "decode")]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "decode" / "flex_tuning.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["q_len"], r["batch"], r["causal"]) for r in rows] == [
+        ("library", 1, 8, True), ("sdpa_bias", 1, 8, True)]
+    assert rows[1]["max_diff_in_eps"] < 16, rows[1]  # the same attention by another kernel
