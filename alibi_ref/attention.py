@@ -30,6 +30,9 @@ FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (the README's training table, N = 64)
 STRIDED_MIN_LEN = 128
+# on the CPU, up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows
+# and SDPA with it beats the strided path's fixed costs (README, "What ALiBi costs": decoding)
+FEW_QUERIES = 4
 
 
 class Dims(NamedTuple):
@@ -184,14 +187,17 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
 
 
 def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
-    """Symmetric attention over a batch: the materialised bias (H i j numbers, built once for the batch)
-    costs less than the strided path's reversal, which copies q and the output (2 B H i d).
+    """A few queries (up to FEW_QUERIES: a decoding step) or symmetric attention over a batch: the
+    materialised bias (H i j numbers, built once for the batch) costs less than the strided path,
+    whose reversal copies q and the output (2 B H i d) and whose Python is a fixed cost per call.
 
     The rule, k_len <= B d / 4, picked the faster of the two in every float32 case measured on the
     CPU (B = 2 to 32, 128 to 2048 keys, d = 64) and in all but three in bfloat16, at most 2% slower
     there (figures: the README, "What ALiBi costs"). Causal calls keep the strided path: it skips
     the keys ahead and at these sizes ran faster than plain causal SDPA.
     """
+    if dims.q_len <= FEW_QUERIES:
+        return True
     batch = math.prod(q.shape[:-3])
     return not causal and 4 * dims.k_len <= batch * dims.head_dim
 

@@ -14,7 +14,7 @@ from test_attention import problems, to_torch
 
 import alibi_ref.strided as strided
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
-from alibi_ref.attention import FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
+from alibi_ref.attention import FEW_QUERIES, FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
 from alibi_ref.strided import (
     bias_row,
     causal_block,
@@ -432,8 +432,9 @@ def test_auto_picks_the_fused_path_for_its_device():
                         (FUSED_MIN_LEN - 1, "strided"), (4096, "strided")]:
         q = torch.zeros(1, 8, n, 4)
         assert choose_impl("auto", q, Dims(8, 8, n, n, 4), False) == expected, n
-    q = torch.zeros(1, 8, 1, 4)  # one decoding step against a long cache
-    assert choose_impl("auto", q, Dims(8, 8, 1, 4096, 4), False) == "strided"
+    for q_len, expected in [(1, "sdpa"), (FEW_QUERIES, "sdpa"), (FEW_QUERIES + 1, "strided")]:
+        q = torch.zeros(1, 8, q_len, 4)  # a decoding step against a long cache: its few rows of bias
+        assert choose_impl("auto", q, Dims(8, 8, q_len, 4096, 4), False, causal=True) == expected, q_len
     # a symmetric batch whose bias (H i j) is small beside q (B H i d): k_len <= B d / 4 takes the bias
     for batch, n, causal, expected in [(32, 512, False, "sdpa"), (32, 513, False, "strided"),
                                        (32, 512, True, "strided"), (16, 256, False, "sdpa"),
