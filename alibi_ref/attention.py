@@ -193,8 +193,8 @@ def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
 
     The rule, k_len <= B d / 4, picked the faster of the two in every float32 case measured on the
     CPU (B = 2 to 32, 128 to 2048 keys, d = 64) and in all but three in bfloat16, at most 2% slower
-    there (figures: the README, "What ALiBi costs"). Causal calls keep the strided path: it skips
-    the keys ahead and at these sizes ran faster than plain causal SDPA.
+    there (figures: the README, "What ALiBi costs"). Causal calls of more queries keep the strided
+    path: it skips the keys ahead and at these sizes ran faster than plain causal SDPA.
     """
     if dims.q_len <= FEW_QUERIES:
         return True
