@@ -62,14 +62,29 @@ def visibility(offset, causal: bool, positions=None, key_padding_mask=None, wind
 
 @functools.cache
 def _compiled_flex_attention():
-    """Compiled for the first shape it sees, and once more with its lengths as symbols where a second comes
-    (torch.compile's automatic dynamic shapes): with ``dynamic=False`` every new length compiled again, for
-    seconds, and from the ninth on torch gave up and ran FlexAttention uncompiled (scores materialised), so
-    a decoding loop slowed to that after eight tokens."""
+    """Compiled once per shape, the keys' length excepted where no block mask is given (a decoding step;
+    ``_the_key_length_may_vary``): before, every new cache length compiled again, for seconds, and from the
+    ninth on torch gave up and ran FlexAttention uncompiled (scores materialised), so a decoding loop slowed
+    to that after eight tokens. A block mask (causal with several queries, a window, padding) holds the
+    lengths as numbers, so such calls still compile once per shape."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _the_key_length_may_vary(k, v) -> None:
+    """Compile for the keys' length as a symbol, every other size as it is (``k``, ``v`` here are the
+    kernels' own views, not the caller's tensors): a decoding loop, whose cache grows by a key a step,
+    compiles once. Left to torch.compile's automatic dynamic shapes, every size that changed became a
+    symbol, and torch 2.13's CPU compiler wrote C++ that does not compile (``cur_kvSplitSize5 was not
+    declared``) once the queries' and the keys' lengths were two symbols. A length of 1 stays a number
+    (torch specialises it and refuses to mark it)."""
+    import torch
+
+    if k.shape[-2] > 1:
+        torch._dynamo.mark_dynamic(k, k.ndim - 2)
+        torch._dynamo.mark_dynamic(v, v.ndim - 2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,5 +155,7 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
         from torch.nn.attention.flex_attention import flex_attention as attend
     else:
         attend = _compiled_flex_attention()
+        if block_mask is None:  # a block mask holds the lengths as numbers: with one, each shape compiles
+            _the_key_length_may_vary(k, v)
     return attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset, positions), block_mask=block_mask,
                   scale=scale, enable_gqa=groups > 1)
