@@ -78,13 +78,14 @@ def _the_key_length_may_vary(k, v) -> None:
     kernels' own views, not the caller's tensors): a decoding loop, whose cache grows by a key a step,
     compiles once. Left to torch.compile's automatic dynamic shapes, every size that changed became a
     symbol, and torch 2.13's CPU compiler wrote C++ that does not compile (``cur_kvSplitSize5 was not
-    declared``) once the queries' and the keys' lengths were two symbols. A length of 1 stays a number
-    (torch specialises it and refuses to mark it)."""
+    declared``) once the queries' and the keys' lengths were two symbols. "maybe": where a kernel needs
+    the length as a number after all, torch compiles for that number instead of failing. A length of 1
+    is always a number to torch."""
     import torch
 
     if k.shape[-2] > 1:
-        torch._dynamo.mark_dynamic(k, k.ndim - 2)
-        torch._dynamo.mark_dynamic(v, v.ndim - 2)
+        torch._dynamo.maybe_mark_dynamic(k, k.ndim - 2)
+        torch._dynamo.maybe_mark_dynamic(v, v.ndim - 2)
 
 
 @functools.lru_cache(maxsize=64)
