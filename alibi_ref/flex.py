@@ -39,8 +39,8 @@ def alibi_score_mod(slopes, offset, positions=None):
 
 def visibility(offset, causal: bool, positions=None, key_padding_mask=None, window=None):
     """The mask_mod of the keys each query sees, or None where it sees every key: with ``causal`` none
-    behind it in the future (rel < 0), with ``key_padding_mask`` (B, j) only the keys that exist, with
-    ``window`` (left, right) only those at most ``left`` behind and ``right`` ahead."""
+    ahead of it (rel < 0), with ``key_padding_mask`` (B, j) only the keys that exist, with ``window``
+    (left, right) only those at most ``left`` behind it and ``right`` ahead."""
     rel = distance(offset, positions)
     left, right = window or (None, None)
     rules = [rule for rule, wanted in [
