@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import alibi_attention
+from .attention import IMPLS, alibi_attention
 from .bias import check_window
 from .slopes import get_slopes
 
@@ -28,7 +28,8 @@ class ALiBiMultiheadAttention(nn.Module):
     so a left-padded prompt gets the same distances as alone; ``positions`` (B, T_past + T) sets
     them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim); ``dropout`` is
     attention dropout on the weights, in training mode only; ``window`` (left, right) a sliding window
-    (``alibi_attention``'s).
+    (``alibi_attention``'s). ``impl``: the attention path, ``alibi_attention``'s (``"flex"`` takes padding
+    and positions on CUDA without building the (B, H, i, j) bias).
     """
 
     slopes: torch.Tensor
@@ -36,7 +37,8 @@ class ALiBiMultiheadAttention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, causal: bool = False,
         schedule: str = "paper", max_bias: float = 8.0, slopes=None, bias: bool = True,
-        softmax_scale: float | None = None, dropout: float = 0.0, window=None, device=None, dtype=None,
+        softmax_scale: float | None = None, dropout: float = 0.0, window=None, impl: str = "auto", device=None,
+        dtype=None,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -46,6 +48,12 @@ class ALiBiMultiheadAttention(nn.Module):
             raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if impl not in IMPLS:
+            raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+        if impl == "flex" and dropout:
+            raise ValueError(f"impl='flex' has no attention dropout: dropout must be 0, got {dropout}")
+        if impl == "strided" and window is not None:
+            raise ValueError("impl='strided' cannot take a window; use 'flex', 'sdpa' or 'naive'")
         if slopes is None:
             slopes = get_slopes(n_heads, schedule, max_bias=max_bias)
         slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()
@@ -56,6 +64,7 @@ class ALiBiMultiheadAttention(nn.Module):
         self.softmax_scale = softmax_scale
         self.window = check_window(window)
         self.dropout = dropout
+        self.impl = impl
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.q_proj = nn.Linear(d_model, d_model, **kw)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, **kw)
@@ -85,7 +94,7 @@ class ALiBiMultiheadAttention(nn.Module):
         if past_kv is not None:
             k = torch.cat([past_kv[0], k], dim=2)  # (B, nkv, T_past + T, hs)
             v = torch.cat([past_kv[1], v], dim=2)
-        y = alibi_attention(q, k, v, self.slopes, causal=self.causal, scale=self.softmax_scale,
+        y = alibi_attention(q, k, v, self.slopes, causal=self.causal, scale=self.softmax_scale, impl=self.impl,
                             dropout_p=self.dropout if self.training else 0.0, window=self.window,
                             **_padding(attention_mask, positions, x.shape[0], k.shape[2], x.shape[1]))  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(x.shape)  # (B, T, C)
@@ -94,7 +103,7 @@ class ALiBiMultiheadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"causal={self.causal}")
+                f"causal={self.causal}" + (f", impl={self.impl!r}" if self.impl != "auto" else ""))
 
 
 def _padding(attention_mask, positions, batch: int, n_keys: int, n_queries: int) -> dict:

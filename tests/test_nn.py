@@ -80,6 +80,9 @@ def test_slopes_are_never_trained():
     ({"d_model": 50, "n_heads": 12}, "d_model must be a multiple of n_heads"),
     ({"d_model": 48, "n_heads": 12, "n_kv_heads": 5}, "n_heads must be a multiple of n_kv_heads"),
     ({"d_model": 48, "n_heads": 12, "slopes": [0.5] * 3}, "need one slope per head: 12 heads, got 3"),
+    ({"d_model": 48, "n_heads": 12, "impl": "fast"}, "unknown impl 'fast'; expected one of auto, naive"),
+    ({"d_model": 48, "n_heads": 12, "impl": "flex", "dropout": 0.1}, "impl='flex' has no attention dropout"),
+    ({"d_model": 48, "n_heads": 12, "impl": "strided", "window": (4, 0)}, "impl='strided' cannot take a window"),
 ])
 def test_bad_configuration_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -89,3 +92,26 @@ def test_bad_configuration_is_refused(kwargs, message):
 def test_bad_input_shape_is_refused():
     with pytest.raises(ValueError, match=r"x must be \(B, T, 48\), got \(5, 48\)"):
         make("cpu")(torch.randn(5, 48, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa", "strided", "flex"])
+def test_the_layer_runs_the_path_it_is_given(impl, monkeypatch):
+    """``impl`` reaches alibi_attention (each path's output equal to the default's), and flex takes the layer's
+    window; padding on the CPU's flex is refused with alibi_attention's message."""
+    import alibi_ref.nn
+
+    torch.manual_seed(0)
+    window = None if impl == "strided" else (3, 0)
+    layer = ALiBiMultiheadAttention(48, 4, causal=True, window=window, impl=impl)
+    default = ALiBiMultiheadAttention(48, 4, causal=True, window=window)
+    default.load_state_dict(layer.state_dict())
+    asked = []
+    monkeypatch.setattr(alibi_ref.nn, "alibi_attention",
+                        lambda *args, **kwargs: asked.append(kwargs["impl"]) or alibi_attention(*args, **kwargs))
+    x = torch.randn(2, 40, 48)
+    with torch.no_grad():  # the CPU's FlexAttention has no backward
+        torch.testing.assert_close(layer(x), default(x), rtol=1e-4, atol=1e-5)
+        assert asked == [impl, "auto"] and f"impl={impl!r}" in repr(layer)
+        if impl == "flex":
+            with pytest.raises(ValueError, match="takes key_padding_mask and positions on CUDA only"):
+                layer(x, attention_mask=torch.ones(2, 40, dtype=torch.bool))

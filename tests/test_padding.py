@@ -301,3 +301,17 @@ def test_flex_takes_padding_and_positions_on_cuda_forward_and_backward(causal):
             ours = torch.autograd.grad(out, leaves, grad.cuda().float())
             for a, b in zip(ours, theirs, strict=True):
                 torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_layer_on_flex_runs_a_left_padded_batch_as_each_prompt_alone(causal):
+    """The README's example on the path that builds no bias: ``ALiBiMultiheadAttention(..., impl="flex")``."""
+    gen = torch.Generator().manual_seed(1)
+    layer = ALiBiMultiheadAttention(16, 4, n_kv_heads=2, causal=causal, impl="flex").to("cuda")
+    x, mask, prompts = _left_padded([130, 60, 1], 130, 16, gen)
+    batched = layer(x.to("cuda", torch.float32), attention_mask=mask.to("cuda"))
+    for b, prompt in enumerate(prompts):
+        alone = layer(prompt.to("cuda", torch.float32))
+        torch.testing.assert_close(batched[b, 130 - prompt.shape[1]:], alone[0], rtol=1e-4, atol=1e-5)
