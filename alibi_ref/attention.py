@@ -162,15 +162,10 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     """The path to run. ``positional``: the call has key padding, explicit positions or a sliding window,
     which the strided path cannot take (``alibi_attention`` says where flex does). ``dropout``: attention dropout,
     which FlexAttention does not do."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    check_impl(impl)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
-    if dropout and impl == "flex":
-        raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
-    if positional and impl == "strided":
-        raise ValueError("impl='strided' cannot take key_padding_mask, positions or window; use 'flex', 'sdpa' or "
-                         "'naive' ('auto' picks sdpa for tensors)")
+    check_impl(impl, dropout, positional)
     if positional and impl == "auto":
         return "sdpa" if is_tensor(q) and not return_weights else "naive"
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
@@ -184,6 +179,17 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
             return "strided" if dims.k_len >= STRIDED_MIN_LEN and not _bias_is_cheaper(q, dims, causal) else "sdpa"
         return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() and not dropout else "sdpa"
     return impl
+
+
+def check_impl(impl: str, dropout: bool = False, positional: bool = False) -> None:
+    """A ValueError for an unknown path, or one that cannot do what the call asks (``choose_impl``'s flags)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if dropout and impl == "flex":
+        raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
+    if positional and impl == "strided":
+        raise ValueError("impl='strided' cannot take key_padding_mask, positions or window; use 'flex', 'sdpa' or "
+                         "'naive' ('auto' picks sdpa for tensors)")
 
 
 def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:

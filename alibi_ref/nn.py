@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import IMPLS, alibi_attention
+from .attention import alibi_attention, check_impl
 from .bias import check_window
 from .slopes import get_slopes
 
@@ -48,12 +48,7 @@ class ALiBiMultiheadAttention(nn.Module):
             raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if impl not in IMPLS:
-            raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-        if impl == "flex" and dropout:
-            raise ValueError(f"impl='flex' has no attention dropout: dropout must be 0, got {dropout}")
-        if impl == "strided" and window is not None:
-            raise ValueError("impl='strided' cannot take a window; use 'flex', 'sdpa' or 'naive'")
+        check_impl(impl, dropout > 0, window is not None)  # refused here, not at the first call
         if slopes is None:
             slopes = get_slopes(n_heads, schedule, max_bias=max_bias)
         slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()

@@ -82,7 +82,8 @@ def test_slopes_are_never_trained():
     ({"d_model": 48, "n_heads": 12, "slopes": [0.5] * 3}, "need one slope per head: 12 heads, got 3"),
     ({"d_model": 48, "n_heads": 12, "impl": "fast"}, "unknown impl 'fast'; expected one of auto, naive"),
     ({"d_model": 48, "n_heads": 12, "impl": "flex", "dropout": 0.1}, "impl='flex' has no attention dropout"),
-    ({"d_model": 48, "n_heads": 12, "impl": "strided", "window": (4, 0)}, "impl='strided' cannot take a window"),
+    ({"d_model": 48, "n_heads": 12, "impl": "strided", "window": (4, 0)},
+     "impl='strided' cannot take key_padding_mask, positions or window"),
 ])
 def test_bad_configuration_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
