@@ -323,9 +323,19 @@ def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_wei
     scan is skipped there).
     """
     out_dtype, work = dtypes
+    sees = _rows_seeing_a_key(bias) if rows_may_see_nothing else None
+    if sees is not None:
+        # a row that sees no key is all -inf, and its softmax 0/0: nan, forward and backward (zeroing the
+        # output after it still lets the nan of the softmax's gradient through). Such rows get a finite
+        # bias of 0 instead and their output set to 0 afterwards, so neither pass meets a nan
+        bias = xp(bias).where(sees, bias, 0.0) if not is_tensor(bias) else bias.masked_fill(~sees, 0.0)
 
     def zeroed(x):
-        return _rows_with_no_key_are_zero(x, bias) if rows_may_see_nothing else x
+        if sees is None:
+            return x
+        if is_tensor(x):
+            return x.masked_fill(~sees, 0.0)
+        return xp(x).where(sees, x, 0.0)
 
     if chosen == "sdpa":
         if is_jax(q):
@@ -338,17 +348,18 @@ def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_wei
     return (out, cast(zeroed(weights), out_dtype)) if return_weights else out
 
 
-def _rows_with_no_key_are_zero(x, bias):
-    """``x`` (..., H, i, n) with the query rows whose bias is -inf for every key set to 0 (softmax gives nan)."""
+def _rows_seeing_a_key(bias):
+    """(..., H, i, 1): whether each query row's bias is finite for some key; None where every row's is (checked
+    for torch and NumPy; under JAX, which traces, always the array)."""
     if is_tensor(bias):
         import torch
 
-        sees = torch.isfinite(bias).any(-1, keepdim=True)  # (..., H, i, 1)
-        return x if bool(sees.all()) else torch.where(sees, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        sees = torch.isfinite(bias).any(-1, keepdim=True)
+        return None if bool(sees.all()) else sees
     sees = xp(bias).isfinite(bias).any(-1, keepdims=True)
     if is_jax(bias):  # no data-dependent branch: it would not trace under jit
-        return xp(x).where(sees, x, 0.0)
-    return x if sees.all() else np.where(sees, x, 0.0)
+        return sees
+    return None if sees.all() else sees
 
 
 def _per_row(q, dims: Dims, key_padding_mask, q_positions, k_positions):

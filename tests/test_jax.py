@@ -116,7 +116,19 @@ def test_padding_and_positions_on_jax_equal_numpy():
         out = jax.jit(lambda *a: alibi_attention(*a[:4], causal=True, key_padding_mask=a[4], q_positions=a[5],
                                                  k_positions=a[5]))(*to_jax(q, k, v, get_slopes(4), mask, positions))
         np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
-    assert not np.asarray(out)[1].any(), "queries that see no key give zeros"
+        assert not np.asarray(out)[1].any(), "queries that see no key give zeros"
+        # and no gradient flows through them (the softmax of a row with no key is 0/0): finite, zero for that
+        # row, as torch's autograd gives it for the same call
+        loss = jax.grad(lambda *a: (alibi_attention(*a[:3], a[3], causal=True, key_padding_mask=mask,
+                                                    q_positions=positions, k_positions=positions) ** 2).sum(),
+                        argnums=(0, 1, 2))
+        grads = loss(*to_jax(q, k, v, get_slopes(4)))
+    leaves = [torch.tensor(x, requires_grad=True) for x in (q, k, v)]
+    (alibi_attention(*leaves, get_slopes(4), causal=True, key_padding_mask=torch.tensor(mask),
+                     q_positions=torch.tensor(positions), k_positions=torch.tensor(positions)) ** 2).sum().backward()
+    for ours, theirs in zip(grads, leaves, strict=True):
+        assert np.isfinite(np.asarray(ours)).all() and not np.asarray(ours)[1].any()
+        np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), atol=1e-10)
 
 
 def test_jax_errors_say_what_came():

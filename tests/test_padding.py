@@ -105,10 +105,19 @@ def test_a_row_that_sees_no_key_is_zero_and_sdpa_agrees_with_naive(dtype, atol, 
     keep = torch.tensor([[True, True, False], [False, False, False]])
     numpy_out = alibi_attention(q.numpy(), k.numpy(), v.numpy(), get_slopes(2), key_padding_mask=keep.numpy())
     q, k, v, keep = (x.to(device) for x in (q.to(dtype), k.to(dtype), v.to(dtype), keep))
-    outs = [alibi_attention(q, k, v, get_slopes(2), key_padding_mask=keep, impl=impl) for impl in ("naive", "sdpa")]
+    leaves = [[x.clone().requires_grad_() for x in (q, k, v)] for _ in range(2)]
+    outs = [alibi_attention(*xs, get_slopes(2), key_padding_mask=keep, impl=impl)
+            for xs, impl in zip(leaves, ("naive", "sdpa"), strict=True)]
     assert torch.equal(outs[0][1], torch.zeros_like(outs[0][1])) and torch.isfinite(outs[1]).all()
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=atol)
-    np.testing.assert_allclose(outs[0].cpu().double().numpy(), numpy_out, atol=atol)
+    np.testing.assert_allclose(outs[0].detach().cpu().double().numpy(), numpy_out, atol=atol)
+    # and no gradient through the row with no key (the naive path's softmax gave nan there, 0/0): the same
+    # gradients on both paths, finite, and zero for that row's queries and keys
+    grad = torch.randn_like(outs[0])
+    grads = [torch.autograd.grad(out, xs, grad) for out, xs in zip(outs, leaves, strict=True)]
+    for naive, sdpa in zip(*grads, strict=True):
+        assert torch.isfinite(naive).all() and not naive[1].any()
+        torch.testing.assert_close(sdpa, naive, rtol=0, atol=10 * atol)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
