@@ -30,8 +30,9 @@ FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (the README's training table, N = 64)
 STRIDED_MIN_LEN = 128
-# on the CPU, up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows
-# and SDPA with it beats the strided path's fixed costs (README, "What ALiBi costs": decoding)
+# up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows and SDPA with
+# it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (README, "What ALiBi costs":
+# decoding; "CUDA": 2.7x plain SDPA against flex's 5.9x, one query against 16384 keys on an H100)
 FEW_QUERIES = 4
 
 
@@ -177,7 +178,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
             return "naive"
         if q.device.type != "cuda":
             return "strided" if dims.k_len >= STRIDED_MIN_LEN and not _bias_is_cheaper(q, dims, causal) else "sdpa"
-        return "flex" if dims.k_len >= FUSED_MIN_LEN and flex_available() and not dropout else "sdpa"
+        long_enough = dims.k_len >= FUSED_MIN_LEN and dims.q_len > FEW_QUERIES
+        return "flex" if long_enough and flex_available() and not dropout else "sdpa"
     return impl
 
 
@@ -248,11 +250,11 @@ def alibi_attention(
     with it as ``bias``, the default there for float32 and 16-bit floats), "strided" (the same kernel, the bias a
     strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
     (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
-    naive for NumPy or the weights; on the CPU strided from STRIDED_MIN_LEN keys, sdpa below and for
-    symmetric attention over a batch whose bias is small beside q (k_len <= B d / 4); on CUDA flex
-    from FUSED_MIN_LEN keys, sdpa below. strided and flex never build an (H, N, N) tensor. On a CPU, call
-    ``alibi_ref.flush_denormals()`` once first: see ``alibi_ref.denormals`` for why ALiBi needs it
-    to run at full speed.
+    naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
+    on the CPU strided from STRIDED_MIN_LEN keys, sdpa below and for symmetric attention over a batch
+    whose bias is small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
+    strided and flex never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
+    once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed.
 
     Padded batches and explicit positions: ``key_padding_mask`` (..., k_len), True where a key
     exists; ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len), integer positions per

@@ -540,12 +540,12 @@ def test_flex_inside_a_model_compiled_whole_equals_naive(device, causal, q_len):
     expected = alibi_attention(q.double(), k.double(), v.double(), slopes, causal=causal, impl="naive")
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
-@pytest.mark.parametrize(("q_len", "causal"), [(1, True), (64, False)], ids=["decoding", "symmetric chunks"])
+@pytest.mark.parametrize(("q_len", "causal"), [(1, True), (FEW_QUERIES, False)], ids=["decoding", "a few queries"])
 def test_a_growing_cache_compiles_flex_once(device, q_len, causal):
     """A decoding loop (one query against a cache one key longer each step) meets a new length at every step.
     FlexAttention compiled again at each (seconds each, and from the ninth length on torch gave up and ran it
-    uncompiled, the scores materialised). Now the keys' length is a symbol where no block mask holds it: no
-    step after the first compiles."""
+    uncompiled, the scores materialised). Now the keys' length is a symbol in a decoding step (up to
+    FEW_QUERIES queries, no block mask): no step after the first compiles."""
     from torch._dynamo.utils import counters
 
     gen = torch.Generator().manual_seed(0)
@@ -564,12 +564,37 @@ def test_a_growing_cache_compiles_flex_once(device, q_len, causal):
     assert dict(counters["frames"]) == compiled, "a step after the first compiled again"
 
 
+def test_flex_compiles_for_each_key_length_outside_decoding(device):
+    """Outside decoding the key length stays a number of the compiled kernel: compiled for a symbolic length,
+    FlexAttention took 2.4x plain SDPA on an H100 against 1.4x (N = 16384, bf16, symmetric: README, "CUDA").
+    So a second key length compiles anew, and both give naive's output (64 queries: prefilling in chunks)."""
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(1)
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32, device=device)
+    torch._dynamo.reset()
+    counters.clear()
+    frames = []
+    q = torch.randn(1, 8, 64, 32, generator=gen).to(device)
+    for n in (300, 301):
+        k, v = (torch.randn(1, 8, n, 32, generator=gen).to(device) for _ in range(2))
+        out = alibi_attention(q, k, v, slopes, impl="flex")
+        expected = alibi_attention(q.double(), k.double(), v.double(), slopes, impl="naive")
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+        frames.append(counters["frames"]["ok"])
+    assert frames[1] > frames[0], "the second length ran the kernel compiled for the first, its length a symbol"
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
-def test_auto_uses_flex_on_cuda_for_long_sequences():
+def test_auto_uses_flex_on_cuda_for_long_sequences_and_the_bias_for_decoding():
     for n, expected in [(FUSED_MIN_LEN, "flex"), (FUSED_MIN_LEN - 1, "sdpa")]:
         q = torch.zeros(1, 8, n, 16, device="cuda")
         assert choose_impl("auto", q, Dims(8, 8, n, n, 16), False) == expected
+    # a decoding step reads a few rows of bias faster than FlexAttention runs (README, "CUDA")
+    for q_len, expected in [(1, "sdpa"), (FEW_QUERIES, "sdpa"), (FEW_QUERIES + 1, "flex")]:
+        q = torch.zeros(1, 8, q_len, 16, device="cuda")
+        assert choose_impl("auto", q, Dims(8, 8, q_len, 4096, 16), False, causal=True) == expected
 
 
 @pytest.mark.cuda
