@@ -262,8 +262,9 @@ def alibi_attention(
     distance is then |p_i - p_j| and causal masks keys with a later position: left padding
     (positions from ``mask.cumsum(-1) - 1``, as BLOOM does), packed sequences, caches with gaps.
     These run on the naive and sdpa paths ("auto" picks sdpa for tensors), and on flex on CUDA, which
-    builds no (B, H, i, j) bias (not yet timed on a GPU, so not "auto"'s choice). A query row that
-    sees no key at all gives zeros.
+    builds no (B, H, i, j) bias (it builds the batch's block mask at every call instead, which on an H100
+    made it no faster than the bias at 4096 keys: not "auto"'s choice). A query row that
+    sees no key at all gives zeros, and passes no gradient back.
 
     ``dropout_p``: attention dropout on the weights (torch only; pass 0 outside training).
 
