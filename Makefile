@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # the main job: regenerate the student release, then grade the sample class end to end
 demo: $(STAMP) $(SYSTEM)
 	$(PY) -m nbgrader generate_assignment alibi --force --log-level=WARN
-	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 10 --timeout 30
+	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 20 --timeout 60
 
 test: $(STAMP) $(SYSTEM) lint
 	$(PY) -m pytest

@@ -110,7 +110,7 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert reasons["ada", "03_slope_zero"] == ""
     assert reasons["ben", "03_slope_zero"] == "no such notebook was submitted"
     # the first cell that ran out of time, named the same whichever limit struck it (the load decides which)
-    limits = "ran past its time limit and was interrupted (limits: 10 s per cell, 30 s for the whole notebook)"
+    limits = "ran past its time limit and was interrupted (limits: 20 s per cell, 60 s for the whole notebook)"
     assert reasons["ivy", "05_schedules"] == f"cell 4 {limits}"
     assert reasons["jay", "03_slope_zero"] == f"cell 5 {limits}"
     # ivy's loop prints as it goes: what it printed past the cell's budget is left out, and the page says so
