@@ -56,7 +56,11 @@ VARIANTS = {
     "blocks_64x128_w4_s2": ("BLOCK_M 64, BLOCK_N 128, 4 warps, 2 stages", None, True),
     "autotune": ("torch.compile(mode='max-autotune-no-cudagraphs'): inductor tries the kernel's configurations",
                  None, True),
+    "cudnn_alibi": ("cuDNN's flash SDPA with its own ALiBi (nvidia-cudnn-frontend, carried as a wheel: "
+                    "gpu_check.sh): causal only, the paper's slopes only, forward only here", True, True),
 }
+# variants with no backward here: their fwd+bwd rows are left out
+FORWARD_ONLY = {"cudnn_alibi"}
 
 
 def key_term_only(slopes):
@@ -85,8 +89,33 @@ def kernel_options(variant: str, causal: bool) -> dict | None:
     return None
 
 
+def cudnn_alibi():
+    """cuDNN's fused attention with ``use_alibi_mask``: it adds m_h (j - i) with m_h the paper's slopes for the number
+    of heads, computed inside cuDNN, and only beside a causal mask (cuDNN refuses it otherwise), so it is ALiBi for
+    causal attention with as many queries as keys. One cuDNN graph built per shape and dtype."""
+    import cudnn
+
+    graphs = {}
+
+    def attend(q, k, v):
+        key = (tuple(q.shape), tuple(k.shape), q.dtype)
+        if key not in graphs:
+            with cudnn.Graph(handle="auto", io_data_type=q.dtype, intermediate_data_type=torch.float32,
+                             compute_data_type=torch.float32, inputs=["sdpa::q", "sdpa::k", "sdpa::v"],
+                             outputs=["out"]) as graph:
+                out, _ = graph.sdpa(name="sdpa", q=q, k=k, v=v, attn_scale=q.shape[-1] ** -0.5, is_inference=True,
+                                    use_causal_mask=True, use_alibi_mask=True)
+                out.set_output(True).set_name("out").set_dim(list(q.shape)).set_stride(list(q.stride()))
+            graphs[key] = graph
+        return graphs[key](q.contiguous(), k.contiguous(), v.contiguous())
+
+    return attend
+
+
 def attention(variant: str, slopes, causal: bool):
     """The variant as a function of (q, k, v)."""
+    if variant == "cudnn_alibi":
+        return cudnn_alibi()
     if variant in ("library", "sdpa_bias"):
         impl = "flex" if variant == "library" else "sdpa"
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
@@ -223,7 +252,7 @@ def main(argv=None) -> None:
             for causal in (True,) if args.decode else (False, True):
                 for variant in (v for v in args.variants if applicable(v, causal, device)):
                     torch._dynamo.reset()  # each variant compiled afresh: none of another's cache entries, no limit
-                    for pass_ in passes:
+                    for pass_ in (p for p in passes if not (p == "fwd+bwd" and variant in FORWARD_ONLY)):
                         row = measure(variant, n, causal, pass_ == "fwd+bwd", dtype, device, args.repeat, args.queue,
                                       args.decode)
                         print(line(row), flush=True)

@@ -20,12 +20,23 @@
 # bench-N/ (bench.json, bench.png) and bench-N.txt.
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
 # (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, or a size N for bench.
+#
+# Wheels the machine lacks travel in .whl/ (ignored by git; the device tool's `carry`), installed here first:
+# the cudnn_alibi tuning variant needs cuDNN's frontend, fetched on a machine with pip's network by
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl nvidia-cudnn-frontend==1.16.0
+# (1.16.0: 2 MB, no required dependencies; later versions require cutlass-dsl.) Without it that variant's row
+# says so and the others run.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_check_site \
+        .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/gpu_check_site
+fi
 # torch, JAX and numpy newer than this machine's may warn of what they will change; not this check's subject
 pytest_=("$py" -m pytest -p no:cacheprovider -q -W "default::FutureWarning" -W "default::DeprecationWarning")
 [ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 jax reset
@@ -34,8 +45,8 @@ paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 # part (the library against its floor with no bias, then the candidates the H100 left open), at 4096 the host's
 # (the library against its kernel called directly). KERNEL_VARIANTS="..." for others (tiles, prescale, autotune,
 # positions: the H100's answers are in the README)
-kernel_variants=${KERNEL_VARIANTS:-library flex_no_bias key_term_only rows_safe tma}
-host_variants=${HOST_VARIANTS:-library direct flex_no_bias}
+kernel_variants=${KERNEL_VARIANTS:-library flex_no_bias cudnn_alibi key_term_only rows_safe tma}
+host_variants=${HOST_VARIANTS:-library direct flex_no_bias cudnn_alibi}
 decode_variants=${DECODE_VARIANTS:-library direct sdpa_bias}
 
 stage() {  # name, seconds, command...: run it, show its tail, keep all of it in $out/name.txt
