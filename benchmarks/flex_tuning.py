@@ -59,6 +59,8 @@ VARIANTS = {
     "cudnn_alibi": ("cuDNN's flash SDPA with its own ALiBi (nvidia-cudnn-frontend, carried as a wheel: "
                     "gpu_check.sh): causal only, the paper's slopes only, forward only here", True, True),
 }
+# at most this multiple of plain SDPA, bf16, forward and forward+backward (issue 15, item 4): a line in the plot
+GOAL = 1.2
 # variants with no backward here: their fwd+bwd rows are left out
 FORWARD_ONLY = {"cudnn_alibi"}
 
@@ -227,6 +229,27 @@ def line(row: dict) -> str:
             f" ms {row['queued_ratio']:5.2f}x   (plain {row['queued_plain_ms']:.3f} ms)   {diff}")
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Each variant's time as a multiple of plain SDPA's ("synced"), a group of bars per size, mask and pass, one
+    panel per size (the bench's ``ratio_bars``); a variant measured twice shows its last row."""
+    from matplotlib.figure import Figure
+
+    from alibi_ref.lab.bench import ratio_bars
+
+    timed = [{"path": r["variant"], "n": r["n"], "causal": r["causal"], "pass": r["pass"], "ratio": r["synced_ratio"]}
+             for r in rows if "synced_ratio" in r and r["q_len"] == r["n"]]
+    sizes = sorted({r["n"] for r in timed}, reverse=True)
+    if not sizes:
+        return
+    fig = Figure(figsize=(10, 4 * len(sizes)), layout="constrained")
+    for ax, n in zip(fig.subplots(len(sizes), 1, squeeze=False)[:, 0], sizes, strict=True):
+        ratio_bars(ax, [r for r in timed if r["n"] == n])
+        ax.axhline(GOAL, color="0.3", linewidth=1, linestyle=":")  # issue 15's goal for the CUDA path
+        ax.annotate(f"goal {GOAL:g}x", (1.0, GOAL), xycoords=("axes fraction", "data"), ha="right", va="bottom",
+                    fontsize="x-small")
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16384, 4096])
@@ -241,7 +264,16 @@ def main(argv=None) -> None:
     parser.add_argument("--decode", action="store_true", help="one query against N keys, B = 8, causal: a "
                         "decoding step (forward)")
     parser.add_argument("--output", type=Path, default=Path("flex_tuning"))
+    parser.add_argument("--plot-from", type=Path, nargs="+", metavar="JSONL", help="measure nothing: plot these "
+                        "files' rows into OUTPUT/flex_tuning.png")
+    parser.add_argument("--no-plot", action="store_true", help="no OUTPUT/flex_tuning.png after measuring (a lent "
+                        "GPU's few files: plot the rows back home with --plot-from)")
     args = parser.parse_args(argv)
+    if args.plot_from:
+        args.output.mkdir(parents=True, exist_ok=True)
+        plot([json.loads(text) for f in args.plot_from for text in f.read_text().splitlines()],
+             args.output / "flex_tuning.png")
+        return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     passes = args.passes or (["fwd", "fwd+bwd"] if device.type == "cuda" and not args.decode else ["fwd"])
     args.output.mkdir(parents=True, exist_ok=True)
@@ -258,6 +290,9 @@ def main(argv=None) -> None:
                         print(line(row), flush=True)
                         log.write(json.dumps(row) + "\n")
                         log.flush()
+    if not args.no_plot:
+        plot([json.loads(text) for text in (args.output / "flex_tuning.jsonl").read_text().splitlines()],
+             args.output / "flex_tuning.png")
 
 
 if __name__ == "__main__":

@@ -81,11 +81,12 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         n=${what#tune-}
         variants=$([ "$n" -ge 8192 ] && echo "$kernel_variants" || echo "$host_variants")
         # shellcheck disable=SC2086  # $variants: one word per variant
-        stage "$what" "$([ "$n" -ge 8192 ] && echo 200 || echo 90)" "$py" benchmarks/flex_tuning.py --sizes "$n" --variants $variants --output "$out/$what" ;;
+        stage "$what" "$([ "$n" -ge 8192 ] && echo 200 || echo 90)" "$py" benchmarks/flex_tuning.py --sizes "$n" \
+            --variants $variants --no-plot --output "$out/$what" ;;
     decode-[0-9]*)  # a decoding step, one query against N keys (B = 8): flex or the bias SDPA reads, for auto
         # shellcheck disable=SC2086  # $decode_variants: one word per variant
         stage "$what" 90 "$py" benchmarks/flex_tuning.py --decode --sizes "${what#decode-}" --variants $decode_variants \
-            --output "$out/$what" ;;
+            --no-plot --output "$out/$what" ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
         # shellcheck disable=SC2086  # $paths: one word per path
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \

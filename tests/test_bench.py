@@ -153,6 +153,11 @@ def test_the_flex_tuning_script_checks_each_variant_against_the_library_and_time
     # dropping the query's term moves each logit by m i' before the softmax, rounded in float32
     assert 0 < diffs["key_term_only"] < 200, diffs
     assert "key_term_only" in done.stdout and "max diff" in done.stdout
+    assert (tmp_path / "flex_tuning.png").stat().st_size > 10_000, "the rows come as a plot too"
+    replot = [sys.executable, "benchmarks/flex_tuning.py", "--plot-from", str(tmp_path / "flex_tuning.jsonl"),
+              "--output", str(tmp_path / "again")]
+    assert subprocess.run(replot, capture_output=True, check=False, cwd=ROOT).returncode == 0
+    assert (tmp_path / "again" / "flex_tuning.png").stat().st_size > 10_000
     # a decoding step: one query (the last position) against N keys, a batch of 8; sdpa_bias reads the bias
     cmd = [*cmd[:cmd.index("--variants")], "--variants", "library", "sdpa_bias", "--decode", "--output",
            str(tmp_path / "decode")]
