@@ -327,18 +327,16 @@ def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_wei
     """
     out_dtype, work = dtypes
     sees = _rows_seeing_a_key(bias) if rows_may_see_nothing else None
-    if sees is not None:
-        # a row that sees no key is all -inf, and its softmax 0/0: nan, forward and backward (zeroing the
-        # output after it still lets the nan of the softmax's gradient through). Such rows get a finite
-        # bias of 0 instead and their output set to 0 afterwards, so neither pass meets a nan
-        bias = xp(bias).where(sees, bias, 0.0) if not is_tensor(bias) else bias.masked_fill(~sees, 0.0)
 
-    def zeroed(x):
+    def zeroed(x):  # x (..., H, i, n) with the rows that see no key set to 0
         if sees is None:
             return x
-        if is_tensor(x):
-            return x.masked_fill(~sees, 0.0)
-        return xp(x).where(sees, x, 0.0)
+        return x.masked_fill(~sees, 0.0) if is_tensor(x) else xp(x).where(sees, x, 0.0)
+
+    # a row that sees no key is all -inf, and its softmax 0/0: nan, forward and backward (JAX's fused kernel
+    # and the naive path alike; zeroing the output after it still lets the nan of the softmax's gradient
+    # through). Such rows get a finite bias of 0 instead and their output set to 0 afterwards
+    bias = zeroed(bias)
 
     if chosen == "sdpa":
         if is_jax(q):
