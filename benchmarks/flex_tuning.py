@@ -100,6 +100,7 @@ def cudnn_alibi():
     graphs = {}
 
     def attend(q, k, v):
+        q, k, v = (x.contiguous() for x in (q, k, v))  # the graph is built for these strides
         key = (tuple(q.shape), tuple(k.shape), q.dtype)
         if key not in graphs:
             with cudnn.Graph(handle="auto", io_data_type=q.dtype, intermediate_data_type=torch.float32,
@@ -109,7 +110,7 @@ def cudnn_alibi():
                                     use_causal_mask=True, use_alibi_mask=True)
                 out.set_output(True).set_name("out").set_dim(list(q.shape)).set_stride(list(q.stride()))
             graphs[key] = graph
-        return graphs[key](q.contiguous(), k.contiguous(), v.contiguous())
+        return graphs[key](q, k, v)
 
     return attend
 
