@@ -302,9 +302,11 @@ def alibi_attention(
         from .strided import strided_alibi_attention
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p)
-    # a window never hides a query's own position, so every row keeps a key
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal, window=window)  # (H, i, j)
-    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p)
+    # a window never hides a query's own position; but with more queries than keys the first queries' positions
+    # lie before the first key, and a window can leave them none
+    return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
+                      rows_may_see_nothing=window is not None and dims.q_len > dims.k_len)
 
 
 def _check_dropout(dropout_p, q) -> float:

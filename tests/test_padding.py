@@ -235,6 +235,32 @@ def test_a_sliding_window_sees_only_its_keys(window, causal, device):
     np.testing.assert_allclose(on_sdpa.cpu().numpy(), expected, atol=1e-12)
 
 
+
+def test_queries_before_the_first_key_see_nothing_in_a_window(device):
+    """More queries than keys (symmetric): query i sits at position i - 3, before every key for i < 3, and a window
+    of (1, 0) leaves those rows no key. Zeros there (the naive path gave nan, 0/0), and no gradient through them."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 2, 6, 4, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 3, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    slopes = get_slopes(2)
+    expected = torch.from_numpy(_windowed_loop(q[0].numpy(), k[0].numpy(), v[0].numpy(), slopes, False, 1, 0)[:, 3:])
+    on_numpy = alibi_attention(q.numpy(), k.numpy(), v.numpy(), slopes, window=(1, 0))
+    assert not on_numpy[:, :, :3].any()
+    np.testing.assert_allclose(on_numpy[0, :, 3:], expected, atol=1e-12)
+    leaves = {impl: [x.to(device).clone().requires_grad_() for x in (q, k, v)] for impl in ("naive", "sdpa")}
+    outs = {impl: alibi_attention(*xs, slopes, window=(1, 0), impl=impl) for impl, xs in leaves.items()}
+    grad = torch.randn_like(outs["naive"])
+    grads = {impl: torch.autograd.grad(out, leaves[impl], grad) for impl, out in outs.items()}
+    for impl, out in outs.items():
+        assert not out[:, :, :3].any(), impl
+        torch.testing.assert_close(out[0, :, 3:].cpu(), expected, rtol=0, atol=1e-12)
+        dq = grads[impl][0]
+        assert torch.isfinite(dq).all() and not dq[:, :, :3].any(), impl
+    for naive, sdpa in zip(grads["naive"], grads["sdpa"], strict=True):
+        torch.testing.assert_close(sdpa, naive, rtol=0, atol=1e-12)
+    flex = alibi_attention(*(x.to(device, torch.float32) for x in (q, k, v)), slopes, window=(1, 0), impl="flex")
+    torch.testing.assert_close(flex.double().cpu(), outs["naive"].detach().cpu(), rtol=1e-4, atol=1e-5)
+
 def test_a_window_refuses_the_strided_path_and_bad_sizes():
     q = torch.zeros(1, 2, 4, 3)
     with pytest.raises(ValueError, match="cannot take key_padding_mask, positions or window"):
