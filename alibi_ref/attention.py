@@ -159,15 +159,18 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
-                dropout: bool = False, v=None, causal: bool = False) -> str:
-    """The path to run. ``positional``: the call has key padding, explicit positions or a sliding window,
-    which the strided path cannot take (``alibi_attention`` says where flex does). ``dropout``: attention dropout,
-    which FlexAttention does not do."""
+                dropout: bool = False, v=None, causal: bool = False, window: bool = False) -> str:
+    """The path to run. ``positional``: the call has key padding or explicit positions, which the strided path
+    cannot take (``alibi_attention`` says where flex does). ``dropout``: attention dropout, which FlexAttention
+    does not do. ``window``: a sliding window, which the strided path takes where no query can be left without a
+    key (q_len <= k_len)."""
     check_impl(impl)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
     check_impl(impl, dropout, positional)
-    if positional and impl == "auto":
+    # where a window could leave a query no key, the paths that build the bias zero its row (strided refuses it)
+    rows_may_see_nothing = window and dims.q_len > dims.k_len
+    if (positional or rows_may_see_nothing or (window and is_tensor(q) and q.device.type == "cuda")) and impl == "auto":
         return "sdpa" if is_tensor(q) and not return_weights else "naive"
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
@@ -190,7 +193,7 @@ def check_impl(impl: str, dropout: bool = False, positional: bool = False) -> No
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
     if positional and impl == "strided":
-        raise ValueError("impl='strided' cannot take key_padding_mask, positions or window; use 'flex', 'sdpa' or "
+        raise ValueError("impl='strided' cannot take key_padding_mask or positions; use 'flex', 'sdpa' or "
                          "'naive' ('auto' picks sdpa for tensors)")
 
 
@@ -271,8 +274,12 @@ def alibi_attention(
     ``window`` (left, right): a sliding window as FlashAttention-2's ``window_size`` beside its
     ``alibi_slopes``: each query sees the keys at most ``left`` positions before it and ``right``
     after it (-1 or None: no limit; causal with (left, 0) is a causal sliding window). It runs on
-    the naive and sdpa paths, with the bias materialised, like padding, and on flex, whose block
-    mask skips the tiles outside the window.
+    the naive and sdpa paths, with the bias materialised; on strided (the CPU's "auto" choice, as without a
+    window), whose bias row carries the window's -inf and whose kernel calls are shown only the keys their
+    rows' windows reach; and on flex, whose block mask skips the tiles outside the window (on CUDA "auto"
+    takes sdpa: flex with a window has not been timed on a GPU). With more queries
+    than keys a window can leave the first queries no key: "auto" takes sdpa there (zeros for those rows) and
+    strided refuses it.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)
@@ -284,8 +291,8 @@ def alibi_attention(
     dropout_p = _check_dropout(dropout_p, q)
     window = check_window(window)
     per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
-    chosen = choose_impl(impl, q, dims, return_weights, per_row is not None or window is not None,
-                         dropout_p > 0, v, causal)
+    chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
+                         window is not None)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
@@ -301,7 +308,7 @@ def alibi_attention(
     if chosen == "strided":
         from .strided import strided_alibi_attention
 
-        return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p)
+        return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p, window=window)
     bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal, window=window)  # (H, i, j)
     # a window never hides a query's own position; but with more queries than keys the first queries' positions
     # lie before the first key, and a window can leave them none

@@ -48,7 +48,7 @@ class ALiBiMultiheadAttention(nn.Module):
             raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {n_heads} and {n_kv_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        check_impl(impl, dropout > 0, window is not None)  # refused here, not at the first call
+        check_impl(impl, dropout > 0)  # refused here, not at the first call
         if slopes is None:
             slopes = get_slopes(n_heads, schedule, max_bias=max_bias)
         slopes = torch.as_tensor(slopes, dtype=torch.float64).flatten()

@@ -24,6 +24,12 @@ where ``block`` is given. A small causal call (up to ``ONE_CALL_LOGITS`` logits,
 one block: there the fixed costs of more kernel calls outweigh the -inf triangle computed for
 nothing.
 
+A sliding window (FlashAttention-2's ``window_size``: each query sees the keys with -right <= i' - j <= left)
+depends on i' - j alone as well: its -inf sits in the row beside the causal one, and each block of
+``WINDOW_ROWS`` reversed rows r0 .. r1 - 1 (positions i' from k_len - r1 to k_len - 1 - r0) is shown only
+the keys its windows reach, k_len - r1 - left .. k_len - 1 - r0 + right (``keys_seen``): block + left + right
+keys, not k_len, so a narrow window costs its width.
+
 Causal, split at the diagonal (the CPU's default for float32 and float64): here the *keys* are
 reversed instead, j' = k_len - 1 - j, with their values. The bias then depends on i + j', Hankel
 again, a view of the reversed row:
@@ -88,6 +94,9 @@ SCORES_PER_BLOCK = 1 << 22
 # the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), and at most
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
+# reversed query rows per kernel call under a sliding window: each call is shown only the keys its rows' windows
+# reach, block + left keys, of which a row sees left + 1 (README, "What ALiBi costs": windows)
+WINDOW_ROWS = 256
 # below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
 # the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
 ONE_CALL_LOGITS = 1 << 21
@@ -113,10 +122,34 @@ def one_call_pays(q, k) -> bool:
     return q.shape[:-1].numel() * k.shape[-2] <= ONE_CALL_LOGITS  # (B H i) j
 
 
-def bias_row(slopes, q_len: int, k_len: int, causal: bool):
-    """(H, q_len + k_len - 1): the one row every entry of the reversed-query bias is read from."""
+def bias_row(slopes, q_len: int, k_len: int, causal: bool, window=None):
+    """(H, q_len + k_len - 1): the one row every entry of the reversed-query bias is read from; a ``window``
+    (left, right) puts -inf on the distances beyond it, which depend on i' - j alone too."""
     t = torch.arange(q_len + k_len - 1, device=slopes.device)
-    return bias_from_distances(slopes, (k_len - 1) - t, causal)  # (H, t)
+    return bias_from_distances(slopes, (k_len - 1) - t, causal, window)  # (H, t)
+
+
+def limiting(window, q_len: int, k_len: int, causal: bool):
+    """``window`` (left, right), or None where it hides no key from any query at these lengths: the distances
+    i' - j run from -(q_len - 1) to k_len - 1, and a causal mask already hides the keys ahead."""
+    left, right = window or (None, None)
+    if left is not None and left >= k_len - 1:
+        left = None
+    if right is not None and (causal or right >= q_len - 1):
+        right = None
+    return None if left is None and right is None else (left, right)
+
+
+def keys_seen(rows: range, k_len: int, causal: bool, window) -> range:
+    """The keys some query of reversed rows ``rows`` sees: those rows are the positions i' = k_len - 1 - r, from
+    k_len - rows.stop to k_len - 1 - rows.start, and each sees the keys j with i' - left <= j <= i' + right
+    (causal: right = 0; no window: every key)."""
+    left, right = window or (None, None)
+    if causal:
+        right = 0
+    first = 0 if left is None else max(0, k_len - rows.stop - left)
+    stop = k_len if right is None else min(k_len, k_len - rows.start + right)
+    return range(first, stop)
 
 
 def reversed_keys_row(slopes, q_len: int, k_len: int, causal: bool):
@@ -166,26 +199,35 @@ def hankel_view(row, rows: range, keys: range):
 
 @over_flat_batch
 def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None = None,
-                            dropout_p: float = 0.0):
+                            dropout_p: float = 0.0, window=None):
     """ALiBi through F.scaled_dot_product_attention with a strided bias. q (..., H, i, d); k, v (..., H_kv, j, d | d_v).
 
     ``slopes`` in the dtype the bias is built in (float32 for 16-bit inputs; off the CPU the bias is
     handed to the kernel in q's dtype, as CUDA's kernels need); ``block``: reversed
-    query rows per kernel call under a causal mask; unless given, a causal call runs as one kernel
+    query rows per kernel call under a causal mask or a window; unless given, a causal call runs as one kernel
     call where ``last_row_fits``, else split at the diagonal where ``split_fits``, else in blocks of
-    ``causal_block`` rows. ``dropout_p``: the kernel's attention dropout.
+    ``causal_block`` rows. ``dropout_p``: the kernel's attention dropout. ``window`` (left, right) from
+    ``check_window``, with q_len <= k_len (so that every query sees a key, its own position): blocks of
+    ``WINDOW_ROWS`` reversed rows, each shown only the keys its rows' windows reach (``keys_seen``).
     """
+    window = limiting(window, q.shape[-2], k.shape[-2], causal)
+    if window is not None and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"impl='strided' takes a window with q_len <= k_len only (got {q.shape[-2]} queries against "
+                         f"{k.shape[-2]} keys: the first queries could see no key); use 'sdpa' or 'naive'")
     if slopes.requires_grad and torch.is_grad_enabled() and dropout_p == 0:
         # the fused kernel refuses a mask that needs a gradient: the slopes get theirs beside it
-        out = _attention(q, k, v, slopes.detach(), scale, causal, groups, block, 0.0)
-        return SlopesGradient.apply(out, slopes, q.detach(), k.detach(), v.detach(), scale, causal, groups)
-    return _attention(q, k, v, slopes, scale, causal, groups, block, dropout_p)
+        out = _attention(q, k, v, slopes.detach(), scale, causal, groups, block, 0.0, window)
+        return SlopesGradient.apply(out, slopes, q.detach(), k.detach(), v.detach(), scale, causal, groups, window)
+    return _attention(q, k, v, slopes, scale, causal, groups, block, dropout_p, window)
 
 
-def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None, dropout_p: float):
+def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None, dropout_p: float,
+               window=None):
     import torch.nn.functional as F
 
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if window is not None:
+        block = block or WINDOW_ROWS  # the one-call forms below would show every row all the keys
     if block is None and last_row_fits(q, v, slopes, causal, dropout_p):
         last = bias_row(slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
         every_query = last.as_strided((1, last.shape[0], q_len, k_len), (0, k_len, 0, 1))  # (1, H, i, j)
@@ -206,7 +248,7 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
         keys_reversed = keys_reversed_pays(calls, k_len)
         row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
         return CausalSplit.apply(q, k, v, row, scale, calls, keys_reversed)
-    row = bias_row(slopes, q_len, k_len, causal)  # (H, t), in >= float32
+    row = bias_row(slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -214,14 +256,14 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     reversed_q = q.flip(-2)  # (B, H, r, d), r = q_len - 1 - i
     blocks, start = [], 0
     while start < q_len:
-        # reversed row r is query i = q_len - 1 - r, which sees keys j <= k_len - 1 - r
-        n_keys = k_len - start if causal else k_len
-        size = (block or causal_block(q_len, n_keys)) if causal else q_len
+        # reversed row r is query i = q_len - 1 - r, which sees keys j <= k_len - 1 - r under a causal mask
+        size = (block or causal_block(q_len, k_len - start)) if causal or window else q_len
         rows = range(start, min(q_len, start + size))
         start = rows.stop
+        keys = keys_seen(rows, k_len, causal, window)
         blocks.append(F.scaled_dot_product_attention(
-            reversed_q[..., rows.start:rows.stop, :], k[..., :n_keys, :], v[..., :n_keys, :],
-            attn_mask=hankel_view(row, rows, range(n_keys)), scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p,
+            reversed_q[..., rows.start:rows.stop, :], k[..., keys.start:keys.stop, :], v[..., keys.start:keys.stop, :],
+            attn_mask=hankel_view(row, rows, keys), scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p,
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
@@ -420,23 +462,23 @@ def _query_rows(rows: range, q_len: int) -> slice:
 class SlopesGradient(torch.autograd.Function):
     """The attention output unchanged, and in the backward pass the slopes' gradient (module docstring).
 
-    ``apply(out, slopes, q, k, v, scale, causal, groups)``: out (B, H, i, d_v) from the fused kernel
+    ``apply(out, slopes, q, k, v, scale, causal, groups, window)``: out (B, H, i, d_v) from the fused kernel
     with the slopes detached, which keeps its own gradient path to q, k and v. The scores are
     recomputed a block of query rows at a time (SCORES_PER_BLOCK), in the slopes' dtype (at least
     float32): memory of one block's (B, H, rows, j), never (B, H, i, j).
     """
 
     @staticmethod
-    def forward(ctx, out, slopes, q, k, v, scale, causal, groups):
+    def forward(ctx, out, slopes, q, k, v, scale, causal, groups, window):
         ctx.save_for_backward(out, slopes, q, k, v)
-        ctx.settings = scale, causal, groups
+        ctx.settings = scale, causal, groups, window
         return out.view_as(out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # a second derivative would miss q, k, v's part: refused
     def backward(ctx, grad_out):
         out, slopes, q, k, v = ctx.saved_tensors
-        scale, causal, groups = ctx.settings
+        scale, causal, groups, window = ctx.settings
         work = slopes.dtype
         q, k, v, out, d_out = (x.to(work) for x in (q, k, v, out, grad_out))
         k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d)
@@ -450,8 +492,9 @@ class SlopesGradient(torch.autograd.Function):
             i = slice(start, min(q_len, start + rows))
             j = slice(0, i.stop + (k_len - q_len) if causal else k_len)  # causal: the keys these rows see
             rel = (torch.arange(i.start, i.stop, device=q.device) + (k_len - q_len))[:, None] - keys[j]  # (i, j)
-            scores = q[..., i, :] @ k[..., j, :].transpose(-1, -2) * scale + bias_from_distances(slopes, rel, causal)
+            bias = bias_from_distances(slopes, rel, causal, window)  # (H, i, j)
+            scores = q[..., i, :] @ k[..., j, :].transpose(-1, -2) * scale + bias
             d_probs = d_out[..., i, :] @ v[..., j, :].transpose(-1, -2)  # (B, H, i, j)
             d_scores = scores.softmax(-1) * (d_probs - delta[..., i, :])  # the softmax's backward
             grad += (d_scores * -rel.abs().to(work)).sum((0, 2, 3))  # d bias / d m_h = -|i' - j|
-        return grad_out, grad, None, None, None, None, None, None
+        return grad_out, grad, None, None, None, None, None, None, None

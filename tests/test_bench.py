@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from alibi_ref import alibi_attention, get_slopes
 from alibi_ref.lab import bench
 from alibi_ref.lab.bench import measure_in_fresh_process, run, table
 
@@ -82,6 +83,24 @@ def test_the_backward_pass_runs_inside_each_timed_call(monkeypatch, backward):
     assert row["pass"] == ("fwd+bwd" if backward else "fwd")
     expected = [(name, True) for _ in range(4) for name in ("naive", "plain_sdpa")] if backward else []
     assert sorted(came_back) == sorted(expected)
+
+
+def test_a_window_reaches_every_alibi_path_and_not_the_floor():
+    """``--window``: each ALiBi path attends through it (the measured function's output is the windowed one), the
+    floor does not; the rows, measured in their own processes, record it."""
+    import torch
+
+    slopes = torch.tensor(get_slopes(2), dtype=torch.float32)
+    q, k, v = (torch.randn(1, 2, 200, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    windowed = alibi_attention(q, k, v, slopes, causal=True, window=(16, 0))
+    assert not torch.allclose(windowed, alibi_attention(q, k, v, slopes, causal=True), atol=1e-3)
+    for path in ("alibi_default", "naive", "sdpa_float_bias", "strided_mask"):
+        torch.testing.assert_close(bench._path(path, slopes, True, (16, 0))(q, k, v), windowed, rtol=1e-4, atol=1e-5)
+    plain = bench._path("plain_sdpa", slopes, True, (16, 0))(q, k, v)
+    torch.testing.assert_close(plain, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    rows = run([200], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa", "strided_mask"], progress=False,
+               window=(16, 0))
+    assert [r.get("window") for r in rows] == [[16, 0]] * 4 and all("error" not in r for r in rows), rows
 
 def test_a_failing_path_is_reported_not_fatal():
     rows = run([64], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa"], progress=False)

@@ -82,8 +82,6 @@ def test_slopes_are_never_trained():
     ({"d_model": 48, "n_heads": 12, "slopes": [0.5] * 3}, "need one slope per head: 12 heads, got 3"),
     ({"d_model": 48, "n_heads": 12, "impl": "fast"}, "unknown impl 'fast'; expected one of auto, naive"),
     ({"d_model": 48, "n_heads": 12, "impl": "flex", "dropout": 0.1}, "impl='flex' has no attention dropout"),
-    ({"d_model": 48, "n_heads": 12, "impl": "strided", "window": (4, 0)},
-     "impl='strided' cannot take key_padding_mask, positions or window"),
 ])
 def test_bad_configuration_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -97,14 +95,13 @@ def test_bad_input_shape_is_refused():
 
 @pytest.mark.parametrize("impl", ["naive", "sdpa", "strided", "flex"])
 def test_the_layer_runs_the_path_it_is_given(impl, monkeypatch):
-    """``impl`` reaches alibi_attention (each path's output equal to the default's), and flex takes the layer's
+    """``impl`` reaches alibi_attention (each path's output equal to the default's), and each takes the layer's
     window; padding on the CPU's flex is refused with alibi_attention's message."""
     import alibi_ref.nn
 
     torch.manual_seed(0)
-    window = None if impl == "strided" else (3, 0)
-    layer = ALiBiMultiheadAttention(48, 4, causal=True, window=window, impl=impl)
-    default = ALiBiMultiheadAttention(48, 4, causal=True, window=window)
+    layer = ALiBiMultiheadAttention(48, 4, causal=True, window=(3, 0), impl=impl)
+    default = ALiBiMultiheadAttention(48, 4, causal=True, window=(3, 0))
     default.load_state_dict(layer.state_dict())
     asked = []
     monkeypatch.setattr(alibi_ref.nn, "alibi_attention",

@@ -261,13 +261,79 @@ def test_queries_before_the_first_key_see_nothing_in_a_window(device):
     flex = alibi_attention(*(x.to(device, torch.float32) for x in (q, k, v)), slopes, window=(1, 0), impl="flex")
     torch.testing.assert_close(flex.double().cpu(), outs["naive"].detach().cpu(), rtol=1e-4, atol=1e-5)
 
-def test_a_window_refuses_the_strided_path_and_bad_sizes():
+def test_a_window_refuses_bad_sizes_and_strided_where_a_query_could_see_no_key():
     q = torch.zeros(1, 2, 4, 3)
-    with pytest.raises(ValueError, match="cannot take key_padding_mask, positions or window"):
-        alibi_attention(q, q, q, get_slopes(2), window=(1, 1), impl="strided")
+    with pytest.raises(ValueError, match="impl='strided' takes a window with q_len <= k_len only"):
+        alibi_attention(q, q[..., :3, :], q[..., :3, :], get_slopes(2), window=(1, 1), impl="strided")
     for bad in ((1,), (-2, 0), (1.5, 0), "wide"):
         with pytest.raises(ValueError, match="window"):
             alibi_attention(q, q, q, get_slopes(2), window=bad)
+
+
+@pytest.mark.parametrize(("window", "causal"), [((5, 2), False), ((9, 0), True), ((0, None), False), ((None, 3), False),
+                                                 ((12, None), True), ((300, 300), False)])
+@pytest.mark.parametrize(("q_len", "block"), [(40, None), (40, 7), (13, 4)])
+def test_the_strided_path_takes_a_window(window, causal, q_len, block, device):
+    """The window's -inf sits in the strided bias row, and each block of reversed rows is shown only the keys its
+    windows reach (``keys_seen``): equal to naive, output and gradients, learned slopes included; GQA, fewer
+    queries than keys, blocks that do not divide the rows, a window wider than the call."""
+    from alibi_ref.strided import strided_alibi_attention
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, q_len, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 40, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
+    leaves = [[x.to(device).clone().requires_grad_() for x in (q, k, v, slopes)] for _ in range(2)]
+    expected = alibi_attention(*leaves[0], causal=causal, window=window, impl="naive")
+    out = strided_alibi_attention(*leaves[1][:3], leaves[1][3], 8 ** -0.5, causal, 2, block=block, window=window)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+    grad = torch.randn_like(out)
+    for ours, theirs in zip(torch.autograd.grad(out, leaves[1], grad), torch.autograd.grad(expected, leaves[0], grad),
+                            strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+
+@given(st.integers(1, 30), st.integers(0, 30), st.integers(1, 30), st.booleans(),
+       st.one_of(st.none(), st.integers(0, 35)), st.one_of(st.none(), st.integers(0, 35)), st.data())
+def test_a_window_block_is_shown_exactly_the_keys_its_rows_see(q_len, more_keys, size, causal, left, right, data):
+    """``keys_seen`` is tight: the range runs from the first key some row of the block sees to the last, so a
+    narrow window costs its width, not the call's length."""
+    from alibi_ref.bias import relative_positions
+    from alibi_ref.strided import keys_seen, limiting
+
+    k_len = q_len + more_keys
+    window = limiting((left, right), q_len, k_len, causal)
+    start = data.draw(st.integers(0, q_len - 1))
+    rows = range(start, min(q_len, start + size))  # reversed rows r: queries i = q_len - 1 - r
+    bias = alibi_bias(np.ones(1), q_len, k_len, causal=causal, window=window)[0]  # (i, j)
+    seen = np.flatnonzero(np.isfinite(bias[[q_len - 1 - r for r in rows]]).any(0))
+    assert keys_seen(rows, k_len, causal, window) == range(seen[0], seen[-1] + 1)
+    if window is None:  # it hides nothing at these lengths: no key is hidden but by the causal mask
+        rel = relative_positions(q_len, k_len)
+        assert (np.isfinite(alibi_bias(np.ones(1), q_len, k_len, causal=causal, window=(left, right))[0])
+                == (rel >= 0 if causal else True)).all()
+
+def test_auto_takes_the_strided_path_for_a_window_on_the_cpu(monkeypatch):
+    """From STRIDED_MIN_LEN keys, as without a window (the bias it replaces costs H i j numbers and computes every
+    key: README, "What ALiBi costs"); sdpa where a query could see no key, and for a decoding step."""
+    import alibi_ref.strided
+
+    called = []
+    real = alibi_ref.strided.strided_alibi_attention
+    monkeypatch.setattr(alibi_ref.strided, "strided_alibi_attention",
+                        lambda *args, **kwargs: called.append(kwargs["window"]) or real(*args, **kwargs))
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 300, 8, generator=gen) for _ in range(3))
+    slopes = get_slopes(2)
+    for causal, window in ((True, (64, 0)), (False, (20, 30))):
+        out = alibi_attention(q, k, v, slopes, causal=causal, window=window)
+        assert called.pop() == window
+        torch.testing.assert_close(out, alibi_attention(q, k, v, slopes, causal=causal, window=window, impl="sdpa"),
+                                   rtol=1e-4, atol=1e-5)
+    alibi_attention(q, k[..., :200, :], v[..., :200, :], slopes, window=(5, 5))  # more queries than keys
+    alibi_attention(q[..., -1:, :], k, v, slopes, causal=True, window=(64, 0))  # one query: a few rows of bias
+    assert called == []
 
 
 def test_a_window_with_positions_and_in_the_layer():
