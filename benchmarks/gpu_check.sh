@@ -17,9 +17,10 @@
 # others their time; `bench` and flex_tuning print and save each row as it finishes, so a stage cut
 # short keeps what it measured. What each stage writes goes to $OUT (the device tool's folder;
 # ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, reset.txt, tune-N.txt and tune-N/flex_tuning.jsonl (decode-N alike),
-# bench-N/ (bench.json, bench.png) and bench-N.txt.
+# bench-N/ (bench.json, bench.png) and bench-N.txt (window-N alike).
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
-# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, or a size N for bench.
+# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, window-N (a sliding
+# window on each path that takes one: which `auto` should pick for windows on CUDA, today sdpa), or a size N for bench.
 #
 # Wheels the machine lacks travel in .whl/ (ignored by git; the device tool's `carry`), installed here first:
 # the cudnn_alibi tuning variant needs cuDNN's frontend, fetched on a machine with pip's network by
@@ -87,12 +88,15 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         # shellcheck disable=SC2086  # $decode_variants: one word per variant
         stage "$what" 90 "$py" benchmarks/flex_tuning.py --decode --sizes "${what#decode-}" --variants $decode_variants \
             --no-plot --output "$out/$what" ;;
+    window-[0-9]*)  # a window of 256 keys each side (causal rows: 256 back) on every path that takes one, bf16
+        stage "$what" 150 "$py" -m alibi_ref bench --device cuda --sizes "${what#window-}" --dtype bfloat16 --backward \
+            --window 256 256 --paths plain_sdpa sdpa_float_bias strided_mask flex_compiled --output "$out/$what" ;;
     [0-9]*)  # the table that decides auto on CUDA: bf16, forward and forward+backward, both masks
         # shellcheck disable=SC2086  # $paths: one word per path
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
             --paths $paths --output "$out/bench-$what" ;;
     *)
-        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N or a sequence length N" >&2
+        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N, window-N or a sequence length N" >&2
         exit 2 ;;
     esac
 done
