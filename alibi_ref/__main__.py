@@ -111,7 +111,8 @@ def cmd_bench(args) -> None:
     device = resolve_device(args.device) or "cpu"
     rows = run(args.sizes, device=str(device), heads=args.heads, head_dim=args.head_dim, repeat=args.repeat,
                paths=args.paths, output=args.output, keep_denormals=args.keep_denormals, dtype=args.dtype,
-               default_malloc=args.default_malloc, backward=args.backward, batch=args.batch, window=args.window)
+               default_malloc=args.default_malloc, backward=args.backward, batch=args.batch, window=args.window,
+               left_padded=args.left_padded)
     print(table(rows))
     print(f"\n{fastest(rows)}")
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
@@ -161,6 +162,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"),
                    help="a sliding window for every ALiBi path (-1: no limit on that side); the floors have none")
+    p.add_argument("--left-padded", action="store_true",
+                   help="row b of the batch left-padded by b N / (2 B) tokens, BLOOM's positions, for every ALiBi "
+                        "path (key_padding_mask and positions); the floors attend to every key")
     p.add_argument("--output", type=Path, default=Path("bench"), help="where bench.json and bench.png go")
     p.add_argument("--keep-denormals", action="store_true",
                    help="measure without flushing subnormal floats to zero (see alibi_ref.denormals)")

@@ -160,41 +160,42 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
                 dropout: bool = False, v=None, causal: bool = False, window: bool = False) -> str:
-    """The path to run. ``positional``: the call has key padding or explicit positions, which the strided path
-    cannot take (``alibi_attention`` says where flex does). ``dropout``: attention dropout, which FlexAttention
-    does not do. ``window``: a sliding window, which the strided path takes where no query can be left without a
-    key (q_len <= k_len)."""
-    check_impl(impl)
+    """The path to run. ``positional``: the call has key padding or explicit positions (the strided path takes
+    each batch row's plain span, ``alibi_ref.padded``; ``alibi_attention`` says where flex does). ``dropout``:
+    attention dropout, which FlexAttention does not do. ``window``: a sliding window."""
+    check_impl(impl, dropout)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
-    check_impl(impl, dropout, positional)
-    # where a window could leave a query no key, the paths that build the bias zero its row (strided refuses it)
-    rows_may_see_nothing = window and dims.q_len > dims.k_len
-    if (positional or rows_may_see_nothing or (window and is_tensor(q) and q.device.type == "cuda")) and impl == "auto":
-        return "sdpa" if is_tensor(q) and not return_weights else "naive"
     if impl not in ("naive", "auto") and (return_weights or not is_tensor(q)):
         raise ValueError(f"impl={impl!r} needs torch tensors and cannot return the weights; use impl='naive'")
     if impl == "flex" and not flex_available():
         raise ValueError("impl='flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
-    if impl == "auto":
-        if not is_tensor(q) or return_weights:
-            return "naive"
-        if q.device.type != "cuda":
-            return "strided" if dims.k_len >= STRIDED_MIN_LEN and not _bias_is_cheaper(q, dims, causal) else "sdpa"
-        long_enough = dims.k_len >= FUSED_MIN_LEN and dims.q_len > FEW_QUERIES
-        return "flex" if long_enough and flex_available() and not dropout else "sdpa"
-    return impl
+    if impl != "auto":
+        return impl
+    if not is_tensor(q) or return_weights:
+        return "naive"
+    if window and dims.q_len > dims.k_len:
+        return "sdpa"  # a window can leave the first queries no key: sdpa zeroes their rows (strided refuses them)
+    if q.device.type != "cuda":
+        if dims.k_len < STRIDED_MIN_LEN:
+            return "sdpa"
+        # with padding each batch row has its own bias: no bias shared by the batch to beat strided's copies of q
+        cheaper = _bias_is_cheaper(q, dims, causal) if not positional else dims.q_len <= FEW_QUERIES
+        return "sdpa" if cheaper else "strided"
+    if positional or window:
+        # flex takes them, but rebuilds a padded batch's block mask at every call (no faster than the bias at 4096
+        # keys on an H100: README, "CUDA"), and with a window it has not been timed on a GPU
+        return "sdpa"
+    long_enough = dims.k_len >= FUSED_MIN_LEN and dims.q_len > FEW_QUERIES
+    return "flex" if long_enough and flex_available() and not dropout else "sdpa"
 
 
-def check_impl(impl: str, dropout: bool = False, positional: bool = False) -> None:
-    """A ValueError for an unknown path, or one that cannot do what the call asks (``choose_impl``'s flags)."""
+def check_impl(impl: str, dropout: bool = False) -> None:
+    """A ValueError for an unknown path, or for flex with attention dropout, which it does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
-    if positional and impl == "strided":
-        raise ValueError("impl='strided' cannot take key_padding_mask or positions; use 'flex', 'sdpa' or "
-                         "'naive' ('auto' picks sdpa for tensors)")
 
 
 def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
@@ -264,10 +265,13 @@ def alibi_attention(
     batch row (default: the keys 0..k_len-1, the queries the last q_len of them). Each token's
     distance is then |p_i - p_j| and causal masks keys with a later position: left padding
     (positions from ``mask.cumsum(-1) - 1``, as BLOOM does), packed sequences, caches with gaps.
-    These run on the naive and sdpa paths ("auto" picks sdpa for tensors), and on flex on CUDA, which
-    builds no (B, H, i, j) bias (it builds the batch's block mask at every call instead, which on an H100
-    made it no faster than the bias at 4096 keys: not "auto"'s choice). A query row that
-    sees no key at all gives zeros, and passes no gradient back.
+    These run on the naive and sdpa paths, which build the (B, H, i, j) bias; on strided, which runs
+    each batch row's keys that exist as one plain span where they are one (left and right padding:
+    ``alibi_ref.padded``) and only the other queries with their rows of the bias ("auto"'s choice on the
+    CPU where it takes strided without padding; sdpa elsewhere); and on flex on CUDA, which builds no bias
+    (it builds the batch's block mask at every call instead, which on an H100 made it no faster than the
+    bias at 4096 keys: not "auto"'s choice). A query row that sees no key at all gives zeros, and passes
+    no gradient back.
 
     ``dropout_p``: attention dropout on the weights (torch only; pass 0 outside training).
 
@@ -300,6 +304,14 @@ def alibi_attention(
             raise ValueError("impl='flex' takes key_padding_mask and positions on CUDA only: torch's CPU compiler "
                              "fails on them once the lengths vary (torch 2.13); use 'sdpa' or 'naive' on the CPU")
         return flex_alibi_attention(q, k, v, slopes, scale, causal, groups, *_flat_rows(q, per_row), window=window)
+    if per_row is not None and chosen == "strided":
+        from .padded import padded_strided_attention
+
+        def bias_rows(q, k, v, bias):  # the queries outside each batch row's span (alibi_ref.padded)
+            return _with_bias(q, k, v, bias, scale, groups, "sdpa", False, (out_dtype, work), dropout_p,
+                              rows_may_see_nothing=True)
+
+        return padded_strided_attention(q, k, v, slopes, scale, causal, groups, per_row, window, dropout_p, bias_rows)
     if per_row is not None:
         bias = positional_bias(slopes, per_row[0], per_row[1], causal=causal, key_padding_mask=per_row[2],
                                window=window)  # (..., H, i, j)

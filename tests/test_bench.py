@@ -62,8 +62,8 @@ def test_the_backward_pass_runs_inside_each_timed_call(monkeypatch, backward):
     came_back, timed = [], []
     real_path, real_clock = bench._path, time.perf_counter
 
-    def path_whose_gradient_is_counted(name, slopes, causal):
-        attend = real_path(name, slopes, causal)
+    def path_whose_gradient_is_counted(name, *args):
+        attend = real_path(name, *args)
 
         def counted(q, k, v):
             out = attend(q, k, v)
@@ -101,6 +101,27 @@ def test_a_window_reaches_every_alibi_path_and_not_the_floor():
     rows = run([200], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa", "strided_mask"], progress=False,
                window=(16, 0))
     assert [r.get("window") for r in rows] == [[16, 0]] * 4 and all("error" not in r for r in rows), rows
+
+
+def test_a_left_padded_batch_reaches_every_alibi_path_and_not_the_floor():
+    """``--left-padded``: row b padded by b N / (2 B) keys with BLOOM's positions, for each ALiBi path; the
+    floor attends to every key; the rows record it."""
+    import torch
+
+    padding = bench.left_padding(4, 200, "cpu")
+    assert padding["key_padding_mask"].sum(-1).tolist() == [200, 175, 150, 125]
+    slopes = torch.tensor(get_slopes(2), dtype=torch.float32)
+    q, k, v = (torch.randn(4, 2, 200, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    padded = alibi_attention(q, k, v, slopes, causal=True, **padding)
+    assert not torch.allclose(padded, alibi_attention(q, k, v, slopes, causal=True), atol=1e-3)
+    for path in ("alibi_default", "naive", "sdpa_float_bias", "strided_mask"):
+        torch.testing.assert_close(bench._path(path, slopes, True, padding=padding)(q, k, v), padded, rtol=1e-4,
+                                   atol=1e-5)
+    plain = bench._path("plain_sdpa", slopes, True, padding=padding)(q, k, v)
+    torch.testing.assert_close(plain, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    rows = run([200], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa", "strided_mask"], progress=False, batch=2,
+               left_padded=True)
+    assert [r.get("left_padded") for r in rows] == [True] * 4 and all("error" not in r for r in rows), rows
 
 def test_a_failing_path_is_reported_not_fatal():
     rows = run([64], heads=2, head_dim=8, repeat=1, paths=["plain_sdpa"], progress=False)

@@ -120,12 +120,116 @@ def test_a_row_that_sees_no_key_is_zero_and_sdpa_agrees_with_naive(dtype, atol, 
         torch.testing.assert_close(sdpa, naive, rtol=0, atol=10 * atol)
 
 
+
+# ----------------------------------------------------------------------------- padding on the strided path
+
+def _padding_patterns(width: int, q_len: int):
+    """(name, key_padding_mask (4, width), q_positions (4, q_len), k_positions (4, width)): a row of each kind."""
+    left = torch.arange(width) >= torch.tensor([0, 3, width - 1, width])[:, None]  # none, some, all but one, all
+    right = torch.arange(width) < torch.tensor([width, width - 4, 1, 2])[:, None]
+    gaps = left.clone()
+    gaps[1, 5] = gaps[2, -1] = False  # a hole among the keys; the only key gone
+    bloom, right_bloom = ((mask.cumsum(-1) - 1) * mask for mask in (left, right))
+    packed = torch.cat([torch.arange(7), torch.arange(width - 7)]).expand(4, width)  # two documents, positions reset
+    return [("left, BLOOM's positions", left, bloom[:, -q_len:], bloom),
+            ("right, BLOOM's positions", right, right_bloom[:, -q_len:], right_bloom),
+            ("right, default positions", right, torch.arange(width - q_len, width).expand(4, q_len), None),
+            ("pad queries inside the prompt", left, bloom.masked_fill(~left, 2)[:, -q_len:], bloom),
+            ("gaps", gaps, bloom[:, -q_len:], bloom),
+            ("packed", None, packed[:, -q_len:], packed)]
+
+
+@pytest.mark.parametrize("pattern", range(6))
+@pytest.mark.parametrize(("causal", "window", "q_len"), [(True, None, 20), (False, None, 20), (True, (4, 0), 20),
+                                                         (False, (3, 5), 20), (True, None, 9)])
+def test_padded_batches_run_their_spans_on_the_strided_path_and_equal_naive(pattern, causal, window, q_len, device):
+    """Each batch row's plain span through the strided path, the other queries with their rows of the bias
+    (alibi_ref.padded): output and gradients, learned slopes and GQA included, equal to naive, for left and
+    right padding, a row with no key, pad queries that see part of the prompt, a hole among the keys and packed
+    positions (no span: the bias)."""
+    name, mask, q_positions, k_positions = _padding_patterns(20, q_len)[pattern]
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(4, 4, q_len, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(4, 2, 20, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    slopes = torch.tensor(get_slopes(4), dtype=torch.float64)
+    kwargs = {"causal": causal, "window": window, "key_padding_mask": mask, "q_positions": q_positions,
+              "k_positions": k_positions}
+    kwargs = {key: x.to(device) if isinstance(x, torch.Tensor) else x for key, x in kwargs.items()}
+    leaves = [[x.to(device).clone().requires_grad_() for x in (q, k, v, slopes)] for _ in range(2)]
+    outs = [alibi_attention(*xs, impl=impl, **kwargs) for xs, impl in zip(leaves, ("naive", "strided"), strict=True)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-9, atol=1e-12, msg=name)
+    grad = torch.randn_like(outs[0])
+    for ours, theirs in zip(*(torch.autograd.grad(out, xs, grad) for out, xs in zip(outs[::-1], leaves[::-1],
+                                                                                    strict=True)), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@given(st.integers(1, 12), st.integers(0, 12), st.integers(1, 24), st.integers(-3, 3), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_a_span_is_plain_alibi_and_the_usual_padding_is_one(length, pads, q_len, shift, left, seed):
+    """``plain_span``: the queries a .. c - 1 against the keys s .. e - 1 have an unpadded call's distances, and
+    every key outside the span is padding; left and right padding give the whole prompt; a hole among the keys
+    gives none."""
+    from alibi_ref.padded import plain_span
+
+    rng = np.random.default_rng(seed)
+    width = length + pads
+    real = slice(pads, width) if left else slice(0, length)
+    keep = torch.zeros(width, dtype=torch.bool)
+    keep[real] = True
+    positions = (keep.cumsum(-1) - 1) * keep + shift  # BLOOM's, shifted: the pads all on the first real position
+    span = plain_span(positions, positions, keep)
+    assert span is not None and span.keys == real
+    # right padding of a one-token prompt: the pads stand on its position too, and the last of them is the run
+    assert span.queries == real or (not left and length == 1 and pads > 0)
+    # any span found is plain: its distances are those of queries aligned to the end of the keys
+    q_positions = torch.as_tensor(rng.integers(shift - 2, shift + width + 2, q_len))
+    if rng.random() < 0.7:  # the queries end on the prompt's last positions, as a prefill or a decoding step
+        tail = min(length, q_len)
+        q_positions[q_len - tail:] = positions[real][length - tail:]
+    for k_positions in (positions, torch.as_tensor(rng.permutation(width))):
+        span = plain_span(q_positions, k_positions, keep)
+        if span is None:
+            continue
+        (s, e), (a, c) = (span.keys.start, span.keys.stop), (span.queries.start, span.queries.stop)
+        assert 0 < c - a <= e - s and keep[s:e].all() and not keep[:s].any() and not keep[e:].any()
+        distances = q_positions[a:c, None] - k_positions[None, s:e]
+        unpadded = torch.arange(c - a)[:, None] + (e - s) - (c - a) - torch.arange(e - s)[None, :]
+        assert torch.equal(distances, unpadded)
+    if length >= 3:
+        hole = keep.clone()
+        hole[real.start + 1] = False
+        assert plain_span(positions, positions, hole) is None
+
+
+def test_auto_takes_the_strided_path_for_a_padded_batch_on_the_cpu(monkeypatch):
+    """From STRIDED_MIN_LEN keys and more than FEW_QUERIES queries, as without padding (README, "What ALiBi
+    costs": a left-padded batch 1.1x plain SDPA where the bias took 6-14x); the bias below and for decoding."""
+    import alibi_ref.padded
+
+    called = []
+    real = alibi_ref.padded.padded_strided_attention
+    monkeypatch.setattr(alibi_ref.padded, "padded_strided_attention",
+                        lambda *args, **kwargs: called.append(True) or real(*args, **kwargs))
+    gen = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(3, 2, 200, 8, generator=gen) for _ in range(3))
+    mask = torch.arange(200) >= torch.tensor([0, 50, 199])[:, None]
+    positions = (mask.cumsum(-1) - 1) * mask
+    kwargs = {"causal": True, "key_padding_mask": mask, "q_positions": positions, "k_positions": positions}
+    out = alibi_attention(q, k, v, get_slopes(2), **kwargs)
+    assert called.pop()
+    torch.testing.assert_close(out, alibi_attention(q, k, v, get_slopes(2), impl="sdpa", **kwargs), rtol=1e-4,
+                               atol=1e-5)
+    alibi_attention(q[..., -1:, :], k, v, get_slopes(2), causal=True, key_padding_mask=mask,
+                    k_positions=positions, q_positions=positions[:, -1:])  # a decoding step: its rows of the bias
+    alibi_attention(q[..., :100, :], k[..., :100, :], v[..., :100, :], get_slopes(2), key_padding_mask=mask[:, :100])
+    assert called == []
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"key_padding_mask": torch.ones(5, dtype=torch.bool)}, r"key_padding_mask must have shape \(4,\) or \(2, 4\)"),
     ({"k_positions": torch.arange(4.0)}, "k_positions must hold integers"),
     ({"key_padding_mask": torch.ones(2, 4)}, "key_padding_mask must hold booleans"),
     ({"q_positions": torch.zeros(3, 4, dtype=torch.long)}, r"q_positions must have shape \(4,\) or \(2, 4\)"),
-    ({"key_padding_mask": torch.ones(4, dtype=torch.bool), "impl": "strided"}, "cannot take key_padding_mask"),
 ])
 def test_bad_padding_arguments_say_what_was_expected(kwargs, message):
     q = k = v = torch.zeros(2, 1, 4, 2)

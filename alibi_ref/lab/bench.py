@@ -13,8 +13,9 @@ fastest ALiBi path of each setting beside what alibi_default ran at (``fastest``
 bench.json and bench.png. Every process flushes subnormal floats to zero before it starts (alibi_ref.denormals
 says why ALiBi needs that on a CPU); --keep-denormals measures without. Timing processes keep
 freed memory mapped (see measure_in_fresh_process); --default-malloc measures without. --window LEFT RIGHT
-gives every ALiBi path a sliding window (``alibi_attention``'s ``window``); the floors still attend to every key,
-and GFLOP/s still counts the work of the whole (causal) matrix.
+gives every ALiBi path a sliding window (``alibi_attention``'s ``window``), --left-padded a batch of prompts
+(``left_padding``); the floors still attend to every key, and GFLOP/s still counts the work of the whole (causal)
+matrix.
 """
 
 from __future__ import annotations
@@ -42,7 +43,18 @@ DEFAULT_PATHS = ("plain_sdpa", *IMPL_OF_PATH)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _path(name: str, slopes, causal: bool, window=None):
+def left_padding(batch: int, n: int, device):
+    """A batch of prompts left-padded to n tokens, row b by b n / (2 B) (none, ..., nearly half), as a
+    generation batch is: {key_padding_mask, q_positions, k_positions} with BLOOM's positions."""
+    import torch
+
+    pads = torch.arange(batch, device=device) * n // (2 * batch)
+    keep = torch.arange(n, device=device) >= pads[:, None]  # (B, n)
+    positions = (keep.cumsum(-1) - 1) * keep
+    return {"key_padding_mask": keep, "q_positions": positions, "k_positions": positions}
+
+
+def _path(name: str, slopes, causal: bool, window=None, padding=None):
     import torch.nn.functional as F
 
     from ..attention import alibi_attention
@@ -59,12 +71,13 @@ def _path(name: str, slopes, causal: bool, window=None):
         return flex
     if name not in IMPL_OF_PATH:
         raise ValueError(f"unknown path {name!r}; expected one of {', '.join(PATHS)}")
-    return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=IMPL_OF_PATH[name], window=window)
+    return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=IMPL_OF_PATH[name], window=window,
+                                           **(padding or {}))
 
 
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
             keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False,
-            backward: bool = False, batch: int = 1, window=None) -> dict:
+            backward: bool = False, batch: int = 1, window=None, left_padded: bool = False) -> dict:
     """One path at one size, in this process: median seconds and peak bytes beyond the inputs.
 
     ``backward``: time the forward and the backward pass together (what training costs), the
@@ -88,7 +101,7 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
                .requires_grad_(backward) for _ in range(3))
     upstream = torch.randn(batch, heads, n, head_dim, device=dev, generator=gen).to(getattr(torch, dtype))
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
-    fn = _path(path, slopes, causal, window)
+    fn = _path(path, slopes, causal, window, left_padding(batch, n, dev) if left_padded else None)
 
     def sync():
         if dev.type == "cuda":
@@ -116,7 +129,7 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     # forward: two (N x N x d) products per head; the backward pass does about 2.5 times that
     flops = 4 * batch * heads * n * n * head_dim * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
     row = {"path": path, "n": n, "causal": causal, "seconds": median, "gflops": flops / median / 1e9,
-           "pass": "fwd+bwd" if backward else "fwd", "batch": batch, "window": window}
+           "pass": "fwd+bwd" if backward else "fwd", "batch": batch, "window": window, "left_padded": left_padded}
     if plain:
         row["plain_seconds"] = statistics.median(plain_times)
     if not against_plain:
@@ -235,7 +248,7 @@ def measure_in_fresh_process(spec: dict, default_malloc: bool = False) -> dict:
 def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: int = 10, paths=DEFAULT_PATHS,
         output: Path | None = None, progress: bool = True, keep_denormals: bool = False,
         dtype: str = "float32", default_malloc: bool = False, backward: bool = False, batch: int = 1,
-        window=None) -> list[dict]:
+        window=None, left_padded: bool = False) -> list[dict]:
     """Every path at every size, both masks; with ``backward`` a forward+backward row beside each forward one.
 
     Each row is printed (with ``progress``) and bench.json rewritten as it finishes, so that a run cut
@@ -247,13 +260,13 @@ def run(sizes, device: str = "cpu", heads: int = 8, head_dim: int = 64, repeat: 
     jobs = [(n, causal, path, bwd) for n in sizes for causal in (False, True) for bwd in passes for path in paths]
     settings = {"device": device, "dtype": dtype, "heads": heads, "head_dim": head_dim, "repeat": repeat,
                 "keep_denormals": keep_denormals, "default_malloc": default_malloc, "backward": backward,
-                "batch": batch, "window": window}
+                "batch": batch, "window": window, "left_padded": left_padded}
     rows = []
     bar = tqdm(jobs, desc="bench", disable=None if progress else True)
     for n, causal, path, bwd in bar:
         spec = {"path": path, "n": n, "causal": causal, "heads": heads, "head_dim": head_dim, "device": device,
                 "repeat": repeat if path != "naive" or n <= 4096 else 1, "keep_denormals": keep_denormals,
-                "dtype": dtype, "backward": bwd, "batch": batch, "window": window}
+                "dtype": dtype, "backward": bwd, "batch": batch, "window": window, "left_padded": left_padded}
         row = measure_in_fresh_process(spec, default_malloc)
         if "seconds" in row:
             row["ratio"] = row["seconds"] / row.get("plain_seconds", row["seconds"])
@@ -330,8 +343,10 @@ def write(rows: list[dict], output: Path, settings: dict, plot: bool = True) -> 
         ax.set_xlabel("sequence length N")
         ax.set_ylabel(ylabel)
     ax_time.legend(fontsize="x-small")
-    if settings.get("window"):
-        fig.suptitle(f"every ALiBi path with window (left, right) = {tuple(settings['window'])}; the floors without")
+    given = ([f"window (left, right) = {tuple(settings['window'])}"] if settings.get("window") else []) + \
+        (["a left-padded batch"] if settings.get("left_padded") else [])
+    if given:
+        fig.suptitle(f"every ALiBi path with {' and '.join(given)}; the floors without")
     fig.savefig(output / "bench.png", dpi=110)
 
 
