@@ -28,8 +28,9 @@ class ALiBiMultiheadAttention(nn.Module):
     so a left-padded prompt gets the same distances as alone; ``positions`` (B, T_past + T) sets
     them explicitly (packed sequences). ``softmax_scale`` replaces 1/sqrt(head_dim); ``dropout`` is
     attention dropout on the weights, in training mode only; ``window`` (left, right) a sliding window
-    (``alibi_attention``'s). ``impl``: the attention path, ``alibi_attention``'s (``"flex"`` takes padding
-    and positions on CUDA without building the (B, H, i, j) bias).
+    (``alibi_attention``'s). ``impl``: the attention path, ``alibi_attention``'s (on the CPU the default runs a
+    padded batch's prompts on the strided path, ``alibi_ref.padded``; ``"flex"`` takes padding and positions on
+    CUDA without building the (B, H, i, j) bias).
     """
 
     slopes: torch.Tensor

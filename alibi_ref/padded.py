@@ -22,6 +22,7 @@ the CPU, a device sync on CUDA, where ``auto`` never takes this path.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -60,14 +61,24 @@ def plain_span(q_positions, k_positions, key_padding_mask) -> Span | None:
     return Span(slice(s, e), slice(c - run, c))
 
 
-def _reach(q_positions, span_positions, span: slice, causal: bool) -> slice:
-    """The span's keys that queries outside it may see: all of them, or under a causal mask those up to the
-    queries' latest position (left padding's pad rows, at position 0, see the span's first key only). At
-    least one key: a query that sees none gets a row of -inf, which the bias path zeroes."""
-    if not causal or q_positions.numel() == 0:
-        return span
+def _bias(slopes, q_positions, k_positions, key_padding_mask, causal: bool, window):
+    """``positional_bias`` of these batch rows' queries (b, rows) and keys (b, j): (b, H, rows, j), or (b, H, 1, j)
+    where each batch row's queries share one position (left padding's pads), broadcast over them."""
+    if bool((q_positions == q_positions[:, :1]).all()):
+        q_positions = q_positions[:, :1]
+    return positional_bias(slopes, q_positions, k_positions, causal=causal, key_padding_mask=key_padding_mask,
+                           window=window)
+
+
+def _reach(q_positions, span_positions, causal: bool) -> int:
+    """How many of the span's keys queries outside it may see: all of them, or under a causal mask those up to
+    the queries' latest position (left padding's pad rows, at position 0, see the span's first key only). At
+    least one: a query that sees none gets a row of -inf, which the bias path zeroes."""
+    length = span_positions.shape[-1]
+    if not causal:
+        return length
     seen = int((q_positions.amax(-1) - span_positions[:, 0]).amax()) + 1  # span positions count up by one
-    return slice(span.start, span.start + min(max(seen, 1), span.stop - span.start))
+    return min(max(seen, 1), length)
 
 
 def padded_strided_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, per_row, window,
@@ -76,33 +87,39 @@ def padded_strided_attention(q, k, v, slopes, scale: float, causal: bool, groups
 
     q (..., H, i, d); k, v (..., H_kv, j, d); ``per_row`` (q_positions, k_positions, key_padding_mask or None),
     each (n,) or (*batch, n) as ``alibi_attention``'s ``_per_row`` gives them. ``bias_rows(q, k, v, bias)``
-    runs the queries outside a span with their rows of the bias, bias (b, H, rows, j) (``alibi_attention``'s
+    runs queries outside a span with their rows of the bias, bias (b, H, rows or 1, j) (``alibi_attention``'s
     sdpa path, which zeroes a query that sees no key). Consecutive batch rows with the same span share
-    each call.
+    each call. The inputs are cut with ``split`` and the outputs joined with ``cat``, whose backward passes
+    hand each piece its gradient in one buffer (slicing would zero-fill a whole input's gradient per slice).
     """
     batch = q.shape[:-3]
     q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d)
     q_positions, k_positions, keep = (None if x is None else x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1])
                                       for x in per_row)  # (B, n)
     spans = [plain_span(q_positions[b], k_positions[b], None if keep is None else keep[b]) for b in range(len(q))]
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # (B, H, i, d_v)
-    start = 0
-    while start < len(q):
-        stop = start + 1
-        while stop < len(q) and spans[stop] == spans[start]:
-            stop += 1
-        rows, span = slice(start, stop), spans[start]
-        others = torch.arange(q.shape[-2], device=q.device)  # the queries outside the span
-        keys, keys_kept = slice(0, k.shape[-2]), None if keep is None else keep[rows]  # what the others may see
-        if span is not None:
-            s, a = span.keys, span.queries
-            out[rows, :, a] = strided_alibi_attention(q[rows, :, a], k[rows, :, s], v[rows, :, s], slopes, scale,
-                                                      causal, groups, dropout_p=dropout_p, window=window)
-            others = torch.cat([others[:a.start], others[a.stop:]])
-            keys, keys_kept = _reach(q_positions[rows, others], k_positions[rows, s], s, causal), None
-        if others.numel():
-            bias = positional_bias(slopes, q_positions[rows, others], k_positions[rows, keys], causal=causal,
-                                   key_padding_mask=keys_kept, window=window)  # (b, H, rows, j)
-            out[rows, :, others] = bias_rows(q[rows, :, others], k[rows, :, keys], v[rows, :, keys], bias)
-        start = stop
+    runs = [(span, len(list(group))) for span, group in itertools.groupby(spans)]  # batch rows with one span
+    outs, first = [], 0
+    for (span, size), q_g, k_g, v_g in zip(runs, *(x.split([size for _, size in runs]) for x in (q, k, v)),
+                                           strict=True):
+        rows = slice(first, first + size)
+        first = rows.stop
+        if span is None:
+            bias = _bias(slopes, q_positions[rows], k_positions[rows], None if keep is None else keep[rows], causal,
+                         window)
+            outs.append(bias_rows(q_g, k_g, v_g, bias))
+            continue
+        s, a = span.keys, span.queries
+        k_span, v_span = (x.split([s.start, s.stop - s.start, x.shape[-2] - s.stop], dim=-2)[1] for x in (k_g, v_g))
+        q_before, q_run, q_after = q_g.split([a.start, a.stop - a.start, q_g.shape[-2] - a.stop], dim=-2)
+        pieces = [strided_alibi_attention(q_run, k_span, v_span, slopes, scale, causal, groups, dropout_p=dropout_p,
+                                          window=window)]  # (b, H, c - a, d_v)
+        for queries, q_part in ((slice(0, a.start), q_before), (slice(a.stop, q_g.shape[-2]), q_after)):
+            if q_part.shape[-2]:
+                reach = _reach(q_positions[rows, queries], k_positions[rows, s], causal)
+                bias = _bias(slopes, q_positions[rows, queries], k_positions[rows, s.start:s.start + reach], None,
+                             causal, window)
+                piece = bias_rows(q_part, k_span[..., :reach, :], v_span[..., :reach, :], bias)
+                pieces.insert(0 if queries.start == 0 else len(pieces), piece)
+        outs.append(torch.cat(pieces, -2) if len(pieces) > 1 else pieces[0])  # (b, H, i, d_v)
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
     return out.reshape(*batch, *out.shape[-3:])

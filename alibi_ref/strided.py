@@ -241,14 +241,20 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
                 raise
     if causal and block is None and one_call_pays(q, k):
         block = q_len
+    if groups > 1 and split_fits(q, v, dropout_p) and not _kernel_takes_gqa():
+        k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
     if causal and block is None and split_fits(q, v, dropout_p):
-        if groups > 1 and not _kernel_takes_gqa():
-            k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
         calls = split_calls(q_len, k_len)
         keys_reversed = keys_reversed_pays(calls, k_len)
         row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
         return CausalSplit.apply(q, k, v, row, scale, calls, keys_reversed)
     row = bias_row(slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
+    if window is not None and split_fits(q, v, dropout_p):
+        # the blocks below, each row in one call, through the split's kernels: its backward adds each call's dk, dv
+        # into one buffer, where autograd's backward of a slice zero-fills a whole k (and v) per call
+        calls = [(rows, keys_seen(rows, k_len, causal, window))
+                 for rows in (range(r, min(q_len, r + block)) for r in range(0, q_len, block))]
+        return CausalSplit.apply(q, k, v, row, scale, calls, False)
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -381,6 +387,9 @@ class CausalSplit(torch.autograd.Function):
             else:
                 dq[..., i, :] += out_of(dq_p)
             keys_written = _write_or_add((dk, dv), (dk_p, dv_p), j, keys_written)
+        for grad in (dk, dv):  # keys no call showed (a window's, behind every query's reach): no gradient
+            grad[..., :keys_written.start, :] = 0
+            grad[..., keys_written.stop:, :] = 0
         if ctx.keys_reversed:
             dk, dv = dk.flip(-2), dv.flip(-2)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
@@ -402,11 +411,12 @@ def _query_order(keys_reversed: bool):
 
 def _in_kernel_order(split: list[tuple[range, range]], q_len: int, k_len: int, keys_reversed: bool):
     """``split_calls``' calls as (queries i in query order, keys j in the order the kernel reads them, whether it
-    is the rows' first call)."""
-    calls = []
+    is the rows' first call: rows no earlier call covered, as the calls come in the order of their rows)."""
+    calls, covered = [], 0
     for rows, keys in split:
         j = slice(k_len - keys.stop, k_len - keys.start) if keys_reversed else slice(keys.start, keys.stop)
-        calls.append((_query_rows(rows, q_len), j, keys.start == 0))
+        calls.append((_query_rows(rows, q_len), j, rows.start >= covered))
+        covered = max(covered, rows.stop)
     return calls
 
 
