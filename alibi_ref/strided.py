@@ -28,7 +28,9 @@ A sliding window (FlashAttention-2's ``window_size``: each query sees the keys w
 depends on i' - j alone as well: its -inf sits in the row beside the causal one, and each block of
 ``WINDOW_ROWS`` reversed rows r0 .. r1 - 1 (positions i' from k_len - r1 to k_len - 1 - r0) is shown only
 the keys its windows reach, k_len - r1 - left .. k_len - 1 - r0 + right (``keys_seen``): block + left + right
-keys, not k_len, so a narrow window costs its width.
+keys, not k_len, so a narrow window costs its width. On the CPU without dropout these calls run through
+the split's kernels (``CausalSplit``, below, each row in one call), whose backward adds each call's dk, dv
+into one buffer: autograd's backward of the key slices would zero-fill a whole k and v per call.
 
 Causal, split at the diagonal (the CPU's default for float32 and float64): here the *keys* are
 reversed instead, j' = k_len - 1 - j, with their values. The bias then depends on i + j', Hankel
@@ -316,7 +318,8 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
 
 
 class CausalSplit(torch.autograd.Function):
-    """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring).
+    """Causal ALiBi as kernel calls split at the diagonal, merged by their log-sum-exp (module docstring); and a
+    window's blocks, each row in one call.
 
     ``apply(q, k, v, row, scale, calls, keys_reversed)``: q (B, H, i, d); k, v (B, H_kv, j, d), H a multiple of
     H_kv (query head h reads KV head h // (H / H_kv), in the kernel); ``calls`` from ``split_calls``. With
@@ -373,7 +376,7 @@ class CausalSplit(torch.autograd.Function):
         backward_kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         q, k, v, row, out, lse = ctx.saved_tensors
         rows_in, out_of = _query_order(ctx.keys_reversed)
-        # written by each row's (key's) first call and added to after, never zero-filled first
+        # written by each row's (key's) first call and added to after; keys no call showed get 0 at the end
         dq, dk, dv = (torch.empty_like(x, dtype=lse.dtype) for x in (q, k, v))
         keys_written = slice(0, 0)
         for i, j, first in ctx.calls:

@@ -203,8 +203,8 @@ def test_a_span_is_plain_alibi_and_the_usual_padding_is_one(length, pads, q_len,
 
 
 def test_auto_takes_the_strided_path_for_a_padded_batch_on_the_cpu(monkeypatch):
-    """From STRIDED_MIN_LEN keys and more than FEW_QUERIES queries, as without padding (README, "What ALiBi
-    costs": a left-padded batch 1.1x plain SDPA where the bias took 6-14x); the bias below and for decoding."""
+    """From STRIDED_MIN_LEN keys and more than FEW_QUERIES queries, as without padding (figures: the README, "What
+    ALiBi costs"); the bias below and for decoding."""
     import alibi_ref.padded
 
     called = []
