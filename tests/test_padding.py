@@ -54,14 +54,29 @@ def _left_padded(lengths, width, d_model, gen):
 # float64 runs torch's math kernels, float32 its fused ones (on CUDA the memory-efficient kernel with a mask)
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_a_left_padded_batch_equals_each_prompt_alone(causal, dtype, atol, device):
+@pytest.mark.parametrize("lengths", [(5, 3, 1), (200, 150, 1)])  # the bias; on the CPU the strided path's spans
+def test_a_left_padded_batch_equals_each_prompt_alone(lengths, causal, dtype, atol, device):
     gen = torch.Generator().manual_seed(1)
     layer = ALiBiMultiheadAttention(16, 4, n_kv_heads=2, causal=causal, dtype=torch.float64).to(device, dtype)
-    x, mask, prompts = _left_padded([5, 3, 1], 5, 16, gen)
+    width = lengths[0]
+    x, mask, prompts = _left_padded(lengths, width, 16, gen)
     batched = layer(x.to(device, dtype), attention_mask=mask.to(device))
     for b, prompt in enumerate(prompts):
         alone = layer(prompt.to(device, dtype))
-        torch.testing.assert_close(batched[b, 5 - prompt.shape[1]:], alone[0], rtol=0, atol=atol)
+        torch.testing.assert_close(batched[b, width - prompt.shape[1]:], alone[0], rtol=0, atol=atol)
+
+
+def test_a_left_padded_prompt_fed_in_chunks_through_the_cache_equals_the_full_run(device):
+    """A long prompt in two chunks (the second, 50 queries against 200 keys, runs each prompt's span on the
+    strided path on the CPU), then a decoding step: each equal to the whole batch run at once."""
+    gen = torch.Generator().manual_seed(15)
+    layer = ALiBiMultiheadAttention(16, 4, causal=True, dtype=torch.float64, device=device)
+    x, mask, _ = _left_padded([200, 120, 60], 200, 16, gen)
+    x, mask = x.to(device), mask.to(device)
+    full = layer(x, attention_mask=mask)
+    first, cache = layer(x[:, :150], attention_mask=mask[:, :150], use_cache=True)
+    second, cache = layer(x[:, 150:], attention_mask=mask, past_kv=cache, use_cache=True)
+    torch.testing.assert_close(torch.cat([first, second], 1), full, rtol=0, atol=1e-12)
 
 
 def test_decoding_a_left_padded_batch_with_the_cache_equals_the_full_run(device):
