@@ -97,7 +97,7 @@ SCORES_PER_BLOCK = 1 << 22
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
 # reversed query rows per kernel call under a sliding window: each call is shown only the keys its rows' windows
-# reach, block + left keys, of which a row sees left + 1 (README, "What ALiBi costs": windows)
+# reach, block + left + right keys, of which a row sees left + right + 1 (README, "What ALiBi costs": windows)
 WINDOW_ROWS = 256
 # below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
 # the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
@@ -243,20 +243,19 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
                 raise
     if causal and block is None and one_call_pays(q, k):
         block = q_len
-    if groups > 1 and split_fits(q, v, dropout_p) and not _kernel_takes_gqa():
-        k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
-    if causal and block is None and split_fits(q, v, dropout_p):
+    through_kernels = split_fits(q, v, dropout_p)
+    if causal and block is None and through_kernels:
         calls = split_calls(q_len, k_len)
         keys_reversed = keys_reversed_pays(calls, k_len)
         row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
-        return CausalSplit.apply(q, k, v, row, scale, calls, keys_reversed)
+        return _split(q, k, v, row, scale, groups, calls, keys_reversed)
     row = bias_row(slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
-    if window is not None and split_fits(q, v, dropout_p):
+    if window is not None and through_kernels:
         # the blocks below, each row in one call, through the split's kernels: its backward adds each call's dk, dv
         # into one buffer, where autograd's backward of a slice zero-fills a whole k (and v) per call
         calls = [(rows, keys_seen(rows, k_len, causal, window))
                  for rows in (range(r, min(q_len, r + block)) for r in range(0, q_len, block))]
-        return CausalSplit.apply(q, k, v, row, scale, calls, False)
+        return _split(q, k, v, row, scale, groups, calls, False)
     if q.device.type != "cpu":
         # 16-bit inputs: the CPU kernel adds a float32 bias in its float32 accumulator, but CUDA's
         # memory-efficient kernel refuses a bias in another dtype than q's and cuDNN misreads one
@@ -275,6 +274,13 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
         ))  # (B, H, r, d_v)
     # back to query order; one copy of the output (each fresh buffer costs page faults at this size)
     return torch.cat([b.flip(-2) for b in reversed(blocks)], -2) if len(blocks) > 1 else blocks[0].flip(-2)
+
+
+def _split(q, k, v, row, scale: float, groups: int, calls, keys_reversed: bool):
+    """``CausalSplit`` over ``calls``, with k and v repeated per query head where the kernel cannot read GQA."""
+    if groups > 1 and not _kernel_takes_gqa():
+        k, v = repeat_heads(k, groups), repeat_heads(v, groups)  # (B, H, j, d): copies, on older torch only
+    return CausalSplit.apply(q, k, v, row, scale, calls, keys_reversed)
 
 
 def split_fits(q, v, dropout_p: float) -> bool:
