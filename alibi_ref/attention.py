@@ -23,6 +23,7 @@ import numpy as np
 
 from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_heads, softmax, xp
 from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
+from .kept import kept
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
@@ -321,7 +322,7 @@ def alibi_attention(
         from .strided import strided_alibi_attention
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p, window=window)
-    bias = alibi_bias(slopes, dims.q_len, dims.k_len, causal=causal, window=window)  # (H, i, j)
+    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window)  # (H, i, j)
     # a window never hides a query's own position; but with more queries than keys the first queries' positions
     # lie before the first key, and a window can leave them none
     return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
@@ -336,6 +337,10 @@ def _check_dropout(dropout_p, q) -> float:
         raise ValueError("attention dropout needs torch tensors (it is for training; in Flax, the layers of "
                          "alibi_ref.flax_layers take the module's own dropout)")
     return dropout_p
+
+
+def _plain_bias(slopes, q_len: int, k_len: int, causal: bool, window):
+    return alibi_bias(slopes, q_len, k_len, causal=causal, window=window)
 
 
 def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, dtypes,

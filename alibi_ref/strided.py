@@ -90,6 +90,7 @@ import torch
 
 from ._backend import over_flat_batch, repeat_heads
 from .bias import bias_from_distances
+from .kept import kept
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
 SCORES_PER_BLOCK = 1 << 22
@@ -231,7 +232,7 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     if window is not None:
         block = block or WINDOW_ROWS  # the one-call forms below would show every row all the keys
     if block is None and last_row_fits(q, v, slopes, causal, dropout_p):
-        last = bias_row(slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
+        last = kept(bias_row, slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
         every_query = last.as_strided((1, last.shape[0], q_len, k_len), (0, k_len, 0, 1))  # (1, H, i, j)
         try:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=every_query, is_causal=True, scale=scale,
@@ -247,9 +248,9 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     if causal and block is None and through_kernels:
         calls = split_calls(q_len, k_len)
         keys_reversed = keys_reversed_pays(calls, k_len)
-        row = (reversed_keys_row if keys_reversed else bias_row)(slopes, q_len, k_len, True)  # (H, t)
+        row = kept(reversed_keys_row if keys_reversed else bias_row, slopes, q_len, k_len, True)  # (H, t)
         return _split(q, k, v, row, scale, groups, calls, keys_reversed)
-    row = bias_row(slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
+    row = kept(bias_row, slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
     if window is not None and through_kernels:
         # the blocks below, each row in one call, through the split's kernels: its backward adds each call's dk, dv
         # into one buffer, where autograd's backward of a slice zero-fills a whole k (and v) per call

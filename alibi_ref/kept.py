@@ -1,0 +1,72 @@
+"""Biases kept from one call to the next: a training loop asks for the same one at every layer and step.
+
+The bias (or the strided path's one row) depends on the slopes' values and the lengths alone, so
+``kept`` hands a CPU call the tensor an earlier call with equal slopes and arguments built (x-transformers
+keeps its bias between calls the same way, and BLOOM builds one per forward pass for all its layers).
+Building one is cheap; what costs is
+that a bias built just before the kernel is memory one core has just written and torch's kernel
+then reads from every core, which on the CPU made the kernel itself measurably slower (figures:
+the README, "What ALiBi costs").
+
+The key is the slopes' values, so slopes that change (learned ones, after an optimizer step) miss
+and are built anew. Kept are only tensors nothing changes: built where no gradient is taken, outside
+inference mode even within it (so that a later training call may save one for its backward pass),
+and never handed to the caller of a public function. CUDA calls build theirs: reading the slopes'
+values would wait for the device. The cache holds at most ``KEPT_BYTES``, least recently used out first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from ._backend import is_tensor
+
+KEPT_BYTES = 32 << 20  # in all; one tensor larger than a quarter of it is built and not kept
+_kept: OrderedDict = OrderedDict()
+_kept_bytes = 0
+_lock = threading.Lock()
+
+
+def kept(build, slopes, *args):
+    """``build(slopes, *args)``, or the tensor an earlier call with equal slopes values and ``args`` built.
+    ``build`` must return a new tensor that depends on nothing else, and the caller must not write to it."""
+    if not is_tensor(slopes):
+        return build(slopes, *args)  # NumPy builds fast and JAX keeps its own under jit
+    import torch
+
+    if (slopes.device.type != "cpu" or (slopes.requires_grad and torch.is_grad_enabled())
+            or torch.compiler.is_compiling()):
+        return build(slopes, *args)
+    key = (build, tuple(slopes.tolist()), slopes.dtype, *args)
+    with _lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
+    with torch.inference_mode(False):  # a tensor made in inference mode could not be saved for a backward pass
+        made = build(slopes, *args)
+    _keep(key, made)
+    return made
+
+
+def _keep(key, made) -> None:
+    global _kept_bytes
+    size = made.numel() * made.element_size()
+    if size > KEPT_BYTES // 4:
+        return
+    with _lock:
+        if key in _kept:
+            return
+        _kept[key] = made
+        _kept_bytes += size
+        while _kept_bytes > KEPT_BYTES:
+            _, out = _kept.popitem(last=False)
+            _kept_bytes -= out.numel() * out.element_size()
+
+
+def forget() -> None:
+    """Empty the cache (tests; a program that wants the memory back)."""
+    global _kept_bytes
+    with _lock:
+        _kept.clear()
+        _kept_bytes = 0

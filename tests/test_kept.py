@@ -1,0 +1,95 @@
+"""The biases kept between calls (``alibi_ref.kept``): reused only where nothing could have changed them."""
+
+import numpy as np
+import pytest
+import torch
+
+import alibi_ref.kept as kept_module
+from alibi_ref import alibi_attention, get_slopes
+from alibi_ref.kept import forget, kept
+from alibi_ref.strided import bias_row
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    forget()
+    yield
+    forget()
+
+
+def problem(n=160, heads=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, heads, n, 16, generator=gen, dtype=torch.float64) for _ in range(3)]
+
+
+def slopes_of(heads=4, dtype=torch.float64):
+    return torch.tensor(get_slopes(heads), dtype=dtype)
+
+
+def test_equal_slopes_and_lengths_get_the_kept_row_and_anything_else_a_new_one():
+    row = kept(bias_row, slopes_of(), 5, 9, True, None)
+    torch.testing.assert_close(row, bias_row(slopes_of(), 5, 9, True, None), rtol=0, atol=0)
+    assert kept(bias_row, slopes_of(), 5, 9, True, None) is row  # another tensor, the same values: kept
+    others = [kept(bias_row, slopes_of() * 2, 5, 9, True, None), kept(bias_row, slopes_of(), 5, 9, False, None),
+              kept(bias_row, slopes_of(), 5, 10, True, None), kept(bias_row, slopes_of(), 5, 9, True, (2, None)),
+              kept(bias_row, slopes_of(dtype=torch.float32), 5, 9, True, None)]
+    assert all(other is not row for other in others)
+    torch.testing.assert_close(others[0], 2 * row, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("causal", "impl"), [(True, "strided"), (False, "strided"), (True, "sdpa")])
+def test_slopes_changed_between_calls_are_read_anew(causal, impl):
+    """A training loop's learned slopes change at every step, in place: a stale bias would be silently wrong."""
+    q, k, v = problem()
+    slopes = slopes_of().requires_grad_()
+    optimizer = torch.optim.SGD([slopes], lr=0.5)
+    for _ in range(3):
+        out = alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
+        with torch.no_grad():  # the slopes need a gradient, but none is taken here: the row is kept
+            torch.testing.assert_close(alibi_attention(q, k, v, slopes, causal=causal, impl=impl), out)
+            expected = alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+        (out * v).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert not torch.allclose(slopes, slopes_of())  # they did change
+    assert kept_module._kept, "nothing was kept"
+
+
+def test_a_bias_that_needs_a_gradient_is_never_kept():
+    slopes = slopes_of().requires_grad_()
+    first = kept(bias_row, slopes, 4, 4, False, None)
+    assert first.requires_grad and kept(bias_row, slopes, 4, 4, False, None) is not first
+    assert not kept_module._kept
+
+
+def test_a_row_kept_in_inference_mode_serves_a_training_call_after_it():
+    """A tensor made in inference mode cannot be saved for a backward pass: the split saves its row."""
+    q, k, v = problem(n=300)
+    with torch.inference_mode():
+        alibi_attention(q, k, v, slopes_of(), causal=True, impl="strided")
+    assert kept_module._kept
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = alibi_attention(*leaves, slopes_of(), causal=True, impl="strided")
+    (out * v).sum().backward()  # raised "Inference tensors cannot be saved for backward" when made in it
+    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in leaves)
+
+
+def test_the_cache_keeps_to_its_budget_newest_first(monkeypatch):
+    monkeypatch.setattr(kept_module, "KEPT_BYTES", 4 * 8 * 4 * 100)  # four rows of (4, 99) float64: 3168 bytes each
+    rows = [kept(bias_row, slopes_of(), 50, 50, False, None)]
+    rows += [kept(bias_row, slopes_of(), 50 + n, 50 - n, False, None) for n in range(1, 5)]
+    sizes = [r.numel() * r.element_size() for r in kept_module._kept.values()]
+    assert sum(sizes) <= kept_module.KEPT_BYTES and kept_module._kept_bytes == sum(sizes)
+    assert [r is k for r, k in zip(rows[1:], kept_module._kept.values(), strict=True)] == [True] * 4  # the oldest left
+    assert kept(bias_row, slopes_of(), 50, 50, False, None) is not rows[0]
+    assert kept(bias_row, slopes_of(), 200, 200, False, None).numel() * 8 > kept_module.KEPT_BYTES // 4
+    assert kept_module._kept_bytes <= kept_module.KEPT_BYTES  # too large for the cache: built, not kept
+
+
+def test_numpy_slopes_build_their_own():
+    slopes = np.asarray(get_slopes(4))
+    assert kept(bias_row, torch.from_numpy(slopes), 3, 3, False, None) is not None and kept_module._kept
+    forget()
+    out = alibi_attention(*(x.numpy() for x in problem(n=20)), slopes)
+    assert isinstance(out, np.ndarray) and not kept_module._kept
