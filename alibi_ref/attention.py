@@ -259,7 +259,9 @@ def alibi_attention(
     on the CPU strided from STRIDED_MIN_LEN keys, sdpa below and for symmetric attention over a batch
     whose bias is small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
     strided and flex never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
-    once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed.
+    once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
+    a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
+    up to ``alibi_ref.kept.KEPT_BYTES`` in all (``alibi_ref.kept``; ``alibi_ref.kept.forget()`` lets it go).
 
     Padded batches and explicit positions: ``key_padding_mask`` (..., k_len), True where a key
     exists; ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len), integer positions per
