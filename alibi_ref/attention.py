@@ -23,7 +23,7 @@ import numpy as np
 
 from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_heads, softmax, xp
 from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
-from .kept import kept
+from .kept import fits, keepable, kept
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
@@ -31,6 +31,10 @@ FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (the README's training table, N = 64)
 STRIDED_MIN_LEN = 128
+# on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
+# less to read than the strided path's copies of q and the output, forward and backward (README, "What ALiBi
+# costs": the kept bias)
+KEPT_BIAS_NUMBERS = 1 << 21
 # up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows and SDPA with
 # it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (README, "What ALiBi costs":
 # decoding; "CUDA": 2.7x plain SDPA against flex's 5.9x, one query against 16384 keys on an H100)
@@ -160,10 +164,12 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
-                dropout: bool = False, v=None, causal: bool = False, window: bool = False) -> str:
+                dropout: bool = False, v=None, causal: bool = False, window: bool = False,
+                bias_kept: bool = False) -> str:
     """The path to run. ``positional``: the call has key padding or explicit positions (the strided path takes
     each batch row's plain span, ``alibi_ref.padded``; ``alibi_attention`` says where flex does). ``dropout``:
-    attention dropout, which FlexAttention does not do. ``window``: a sliding window."""
+    attention dropout, which FlexAttention does not do. ``window``: a sliding window. ``bias_kept``: the call's
+    (H, i, j) bias would be kept between calls (``bias_is_kept``)."""
     check_impl(impl, dropout)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
@@ -178,7 +184,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if window and dims.q_len > dims.k_len:
         return "sdpa"  # a window can leave the first queries no key: sdpa zeroes their rows (strided refuses them)
     if q.device.type != "cuda":
-        if dims.k_len < STRIDED_MIN_LEN:
+        if dims.k_len < STRIDED_MIN_LEN or (bias_kept and not positional and not window):
             return "sdpa"
         # with padding each batch row has its own bias: no bias shared by the batch to beat strided's copies of q
         cheaper = _bias_is_cheaper(q, dims, causal) if not positional else dims.q_len <= FEW_QUERIES
@@ -197,6 +203,12 @@ def check_impl(impl: str, dropout: bool = False) -> None:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
     if dropout and impl == "flex":
         raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
+
+
+def bias_is_kept(slopes, dims: Dims) -> bool:
+    """Whether the call's (H, i, j) bias, up to KEPT_BIAS_NUMBERS numbers, would be kept between calls."""
+    numbers = dims.n_heads * dims.q_len * dims.k_len
+    return numbers <= KEPT_BIAS_NUMBERS and keepable(slopes) and fits(numbers * slopes.element_size())
 
 
 def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
@@ -256,8 +268,9 @@ def alibi_attention(
     strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
     (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
     naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
-    on the CPU strided from STRIDED_MIN_LEN keys, sdpa below and for symmetric attention over a batch
-    whose bias is small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
+    on the CPU strided from STRIDED_MIN_LEN keys, sdpa below, where the bias (up to KEPT_BIAS_NUMBERS
+    numbers) is kept between calls (``bias_is_kept``), and for symmetric attention over a batch whose bias is
+    small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
     strided and flex never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
     once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
     a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
@@ -299,7 +312,7 @@ def alibi_attention(
     window = check_window(window)
     per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
     chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
-                         window is not None)
+                         window is not None, bias_is_kept(slopes, dims))
     if chosen == "flex":
         from .flex import flex_alibi_attention
 
@@ -324,7 +337,9 @@ def alibi_attention(
         from .strided import strided_alibi_attention
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p, window=window)
-    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window)  # (H, i, j)
+    # torch's kernel reads the bias in q's dtype: kept in it, not cast at every call (naive adds it in float32)
+    dtype = q.dtype if chosen == "sdpa" and is_tensor(q) else None
+    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window, dtype)  # (H, i, j)
     # a window never hides a query's own position; but with more queries than keys the first queries' positions
     # lie before the first key, and a window can leave them none
     return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
@@ -341,8 +356,8 @@ def _check_dropout(dropout_p, q) -> float:
     return dropout_p
 
 
-def _plain_bias(slopes, q_len: int, k_len: int, causal: bool, window):
-    return alibi_bias(slopes, q_len, k_len, causal=causal, window=window)
+def _plain_bias(slopes, q_len: int, k_len: int, causal: bool, window, dtype):
+    return alibi_bias(slopes, q_len, k_len, causal=causal, window=window, dtype=dtype)
 
 
 def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, dtypes,

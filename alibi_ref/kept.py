@@ -31,13 +31,10 @@ _lock = threading.Lock()
 def kept(build, slopes, *args):
     """``build(slopes, *args)``, or the tensor an earlier call with equal slopes values and ``args`` built.
     ``build`` must return a new tensor that depends on nothing else, and the caller must not write to it."""
-    if not is_tensor(slopes):
-        return build(slopes, *args)  # NumPy builds fast and JAX keeps its own under jit
+    if not keepable(slopes):
+        return build(slopes, *args)
     import torch
 
-    if (slopes.device.type != "cpu" or (slopes.requires_grad and torch.is_grad_enabled())
-            or torch.compiler.is_compiling()):
-        return build(slopes, *args)
     key = (build, tuple(slopes.tolist()), slopes.dtype, *args)
     with _lock:
         if key in _kept:
@@ -49,10 +46,27 @@ def kept(build, slopes, *args):
     return made
 
 
+def keepable(slopes) -> bool:
+    """Whether what is built from these slopes here may be kept: torch's, on the CPU (NumPy builds fast, JAX
+    keeps its own under jit, and reading a CUDA tensor's values would wait for the device), where no gradient
+    is taken, outside torch.compile (the lookup reads the slopes' values)."""
+    if not is_tensor(slopes):
+        return False
+    import torch
+
+    return (slopes.device.type == "cpu" and not (slopes.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling())
+
+
+def fits(n_bytes: int) -> bool:
+    """Whether a tensor of ``n_bytes`` is small enough to keep."""
+    return n_bytes <= KEPT_BYTES // 4
+
+
 def _keep(key, made) -> None:
     global _kept_bytes
     size = made.numel() * made.element_size()
-    if size > KEPT_BYTES // 4:
+    if not fits(size):
         return
     with _lock:
         if key in _kept:

@@ -6,6 +6,7 @@ import torch
 
 import alibi_ref.kept as kept_module
 from alibi_ref import alibi_attention, get_slopes
+from alibi_ref.attention import KEPT_BIAS_NUMBERS, Dims, bias_is_kept
 from alibi_ref.kept import forget, kept
 from alibi_ref.strided import bias_row
 
@@ -93,3 +94,29 @@ def test_numpy_slopes_build_their_own():
     forget()
     out = alibi_attention(*(x.numpy() for x in problem(n=20)), slopes)
     assert isinstance(out, np.ndarray) and not kept_module._kept
+
+
+def test_auto_on_the_cpu_reads_a_kept_bias_while_it_is_small_and_the_strided_row_beyond():
+    """Up to KEPT_BIAS_NUMBERS numbers (H i j) the kept (H, i, j) bias, in q's dtype; beyond it, with slopes that
+    take a gradient, with padding or a window, the strided path's row (README, "What ALiBi costs")."""
+    heads = 8
+    largest = int((KEPT_BIAS_NUMBERS / heads) ** 0.5)
+    slopes = slopes_of(heads, torch.float32)
+
+    def built(n, dtype=torch.float32, slopes=slopes, **options):
+        forget()
+        q, k, v = (x.to(dtype) for x in problem(n=n, heads=heads))
+        alibi_attention(q, k, v, slopes, **options)
+        return [(key[0].__name__, tuple(made.shape), made.dtype) for key, made in kept_module._kept.items()]
+
+    assert built(largest) == [("_plain_bias", (heads, largest, largest), torch.float32)]
+    assert built(largest, torch.bfloat16, causal=True) == [("_plain_bias", (heads, largest, largest), torch.bfloat16)]
+    assert built(largest + 1) == [("bias_row", (heads, 2 * largest + 1), torch.float32)]
+    assert built(200, window=(16, 16)) == [("bias_row", (heads, 399), torch.float32)]
+    assert built(200, slopes=slopes.clone().requires_grad_()) == [("bias_row", (heads, 399), torch.float32)]
+    assert built(200, key_padding_mask=torch.ones(1, 200, dtype=torch.bool)) == [("bias_row", (heads, 399),
+                                                                                 torch.float32)]
+    dims = Dims(heads, heads, largest, largest, 16)
+    assert bias_is_kept(slopes, dims) and not bias_is_kept(slopes.double(), dims)  # 16 MiB in float64: too large
+    with torch.no_grad():
+        assert bias_is_kept(slopes.clone().requires_grad_(), dims)  # no gradient taken: kept
