@@ -1,12 +1,11 @@
 """Biases kept from one call to the next: a training loop asks for the same one at every layer and step.
 
 The bias (or the strided path's one row) depends on the slopes' values and the lengths alone, so
-``kept`` hands a CPU call the tensor an earlier call with equal slopes and arguments built (x-transformers
-keeps its bias between calls the same way, and BLOOM builds one per forward pass for all its layers).
-Building one is cheap; what costs is
-that a bias built just before the kernel is memory one core has just written and torch's kernel
-then reads from every core, which on the CPU made the kernel itself measurably slower (figures:
-the README, "What ALiBi costs").
+``kept`` hands a CPU call the tensor an earlier call with equal slopes and arguments built
+(x-transformers keeps its bias between calls the same way, and BLOOM builds one per forward pass
+for all its layers). Building one is cheap; what costs is that a bias built just before the
+kernel is memory one core has just written and torch's kernel then reads from every core, which
+on the CPU made the kernel itself measurably slower (figures: the README, "What ALiBi costs").
 
 The key is the slopes' values, so slopes that change (learned ones, after an optimizer step) miss
 and are built anew. Kept are only tensors nothing changes: built where no gradient is taken, outside
@@ -65,17 +64,16 @@ def fits(n_bytes: int) -> bool:
 
 def _keep(key, made) -> None:
     global _kept_bytes
-    size = made.numel() * made.element_size()
-    if not fits(size):
+    if not fits(made.nbytes):
         return
     with _lock:
         if key in _kept:
             return
         _kept[key] = made
-        _kept_bytes += size
+        _kept_bytes += made.nbytes
         while _kept_bytes > KEPT_BYTES:
             _, out = _kept.popitem(last=False)
-            _kept_bytes -= out.numel() * out.element_size()
+            _kept_bytes -= out.nbytes
 
 
 def forget() -> None:
