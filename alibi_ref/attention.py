@@ -29,14 +29,14 @@ IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
 FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
-# path, forward and backward (the README's training table, N = 64)
+# path, forward and backward (docs/performance.md, "Training, batches, and two machines", N = 64)
 STRIDED_MIN_LEN = 128
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
-# less to read than the strided path's copies of q and the output, forward and backward (README, "What ALiBi
-# costs": the kept bias)
+# less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
+# the kept bias)
 KEPT_BIAS_NUMBERS = 1 << 21
 # up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows and SDPA with
-# it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (README, "What ALiBi costs":
+# it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (docs/performance.md:
 # decoding; "CUDA": 2.7x plain SDPA against flex's 5.9x, one query against 16384 keys on an H100)
 FEW_QUERIES = 4
 
@@ -87,7 +87,7 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int, dropout_p: float =
     The -inf of a causal mask is already folded into the bias: SDPA refuses a float
     attn_mask together with is_causal=True. The bias gets q's rank, (1, H, i, j) for
     (B, H, i, d) queries: given as (H, i, j), torch 2.13's CPU kernel falls back to its
-    unfused path, several times slower (figures: the README, "What ALiBi costs").
+    unfused path, several times slower (figures: docs/performance.md).
     """
     import torch.nn.functional as F
 
@@ -191,7 +191,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
         return "sdpa" if cheaper else "strided"
     if positional or window:
         # flex takes them, but rebuilds a padded batch's block mask at every call (no faster than the bias at 4096
-        # keys on an H100: README, "CUDA"), and with a window it has not been timed on a GPU
+        # keys on an H100: docs/performance.md, "CUDA"), and with a window it has not been timed on a GPU
         return "sdpa"
     long_enough = dims.k_len >= FUSED_MIN_LEN and dims.q_len > FEW_QUERIES
     return "flex" if long_enough and flex_available() and not dropout else "sdpa"
@@ -218,7 +218,7 @@ def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
 
     The rule, k_len <= B d / 4, picked the faster of the two in every float32 case measured on the
     CPU (B = 2 to 32, 128 to 2048 keys, d = 64) and in all but three in bfloat16, at most 2% slower
-    there (figures: the README, "What ALiBi costs"). Causal calls of more queries keep the strided
+    there (figures: docs/performance.md). Causal calls of more queries keep the strided
     path: it skips the keys ahead and at these sizes ran faster than plain causal SDPA.
     """
     if dims.q_len <= FEW_QUERIES:

@@ -4,7 +4,7 @@ ALiBi puts far keys hundreds of logits below a row's best key. Inside a fused at
 kernel their terms (e^(-m |i - j|) times a value, rescaled block after block as the running
 maximum grows) sink below float32's smallest normal number, 1.2e-38. x86 cores compute
 with such subnormal numbers in microcode, many times slower: on a CPU the default path
-runs a good deal slower with them than flushed (measured: the README's "Subnormal numbers").
+runs a good deal slower with them than flushed (measured: docs/performance.md, "Subnormal numbers").
 
 Flushing them to zero changes no weight that float32 can tell from zero next to the row's
 best key (1e-38 against 1). PyTorch's switch for it, ``torch.set_flush_denormal``, sets the

@@ -32,7 +32,7 @@ def alibi_score_mod(slopes, offset, positions=None, behind_only: bool = False):
     """The score_mod: ALiBi exactly as the paper writes it, -m_h |rel| (``distance``). ``behind_only``: every key
     a query sees is at or behind it (causal), so rel >= 0 and the abs can go (a key ahead of the query gets a
     score here, but the mask replaces it with -inf). The kernel's one instruction less measured 1.89x -> 1.73x
-    plain SDPA forward+backward on an H100 (README, "CUDA"), the outputs identical."""
+    plain SDPA forward+backward on an H100 (docs/performance.md, "CUDA"), the outputs identical."""
     rel = distance(offset, positions)
 
     def alibi(score, b, h, q_idx, kv_idx):
@@ -100,7 +100,7 @@ def _the_key_length_may_vary(k, v) -> None:
 def _shape_block_mask(q_len: int, k_len: int, device, causal: bool, window=None):
     """The block mask of the causal mask and a window, which depend on the shape only: built once per shape.
     On CUDA it is built compiled, holding no (q_len, k_len) tensor (uncompiled it took gigabytes at
-    N = 16384: README, "CUDA"); torch 2.13's CPU compiler fails on it for q_len = 1, so the CPU builds it
+    N = 16384: docs/performance.md, "CUDA"); torch 2.13's CPU compiler fails on it for q_len = 1, so the CPU builds it
     eagerly."""
     import torch
 

@@ -5,7 +5,7 @@ The bias (or the strided path's one row) depends on the slopes' values and the l
 (x-transformers keeps its bias between calls the same way, and BLOOM builds one per forward pass
 for all its layers). Building one is cheap; what costs is that a bias built just before the
 kernel is memory one core has just written and torch's kernel then reads from every core, which
-on the CPU made the kernel itself measurably slower (figures: the README, "What ALiBi costs").
+on the CPU made the kernel itself measurably slower (figures: docs/performance.md).
 
 The key is the slopes' values, so slopes that change (learned ones, after an optimizer step) miss
 and are built anew. Kept are only tensors nothing changes: built where no gradient is taken, outside

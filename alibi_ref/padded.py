@@ -2,8 +2,7 @@
 
 With key padding and positions the bias depends on the batch row, so no strided view of one row
 holds it, and the sdpa path builds it whole: (B, H, i, j) numbers, and a float mask over every key,
-which on the CPU made a padded batch several times slower than plain SDPA (figures: the README, "What
-ALiBi costs").
+which on the CPU made a padded batch several times slower than plain SDPA (figures: docs/performance.md).
 But the usual padding leaves most of each row plain. Where a batch row's keys that exist form one
 span s .. e - 1 whose positions count up by one, and a run of its queries a .. c - 1 counts up by one
 to the last key's position, the distances between them are those of an unpadded call:

@@ -58,7 +58,7 @@ gives dk, dv for its keys and its share of dq. Both are torch's own CPU kernels,
 F.scaled_dot_product_attention runs (``aten::_scaled_dot_product_flash_attention_for_cpu``
 and its backward), called directly because the public call returns no log-sum-exp; where they
 are missing, or with dropout (whose mask the backward could not redraw), the blocks run. Exact as
-the blocks are; figures: the README, "What ALiBi costs".
+the blocks are; figures: docs/performance.md.
 
 Causal 16-bit inputs need neither the reversal nor the blocks. Under the causal mask query i sees
 j <= i only, where its bias -m (i - j) is the last query's, -m (N - 1 - j), plus m (N - 1 - i):
@@ -78,7 +78,7 @@ backward recomputed a block of query rows at a time:
     dP = dO V^T,     delta_i = sum_j P[i, j] dP[i, j] = dO_i . O_i
 
 The same call runs on CUDA, correct there (the CUDA tests) but several times slower than
-FlexAttention, which computes the bias instead of reading it (README, "CUDA"): ``alibi_attention``
+FlexAttention, which computes the bias instead of reading it (docs/performance.md, "CUDA"): ``alibi_attention``
 picks it on the CPU only.
 """
 
@@ -98,7 +98,7 @@ SCORES_PER_BLOCK = 1 << 22
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
 # reversed query rows per kernel call under a sliding window: each call is shown only the keys its rows' windows
-# reach, block + left + right keys, of which a row sees left + right + 1 (README, "What ALiBi costs": windows)
+# reach, block + left + right keys, of which a row sees left + right + 1 (docs/performance.md: windows)
 WINDOW_ROWS = 256
 # below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
 # the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
@@ -112,7 +112,7 @@ def causal_block(q_len: int, n_keys: int) -> int:
     torch's CPU flash kernel works in 64-row query tiles below 768 rows (slower per row the
     fewer the rows) and in 256-row tiles from 768 up. So: 768 rows while the keys are many and
     the triangle a small part of the work, 256 after, a quarter of the length for short
-    sequences (figures: the README, "What ALiBi costs").
+    sequences (figures: docs/performance.md).
     """
     if n_keys >= 2560:
         return 768
@@ -120,8 +120,8 @@ def causal_block(q_len: int, n_keys: int) -> int:
 
 
 def one_call_pays(q, k) -> bool:
-    """Whether a causal call is small enough to run as one kernel call (``ONE_CALL_LOGITS``; figures: the README,
-    "What ALiBi costs")."""
+    """Whether a causal call is small enough to run as one kernel call (``ONE_CALL_LOGITS``; figures:
+    docs/performance.md)."""
     return q.shape[:-1].numel() * k.shape[-2] <= ONE_CALL_LOGITS  # (B H i) j
 
 
@@ -193,7 +193,7 @@ def hankel_view(row, rows: range, keys: range):
     ``row`` must own its storage from its first number on, as ``bias_row`` makes it (the view's offset
     counts from the storage's start: asking the row for its own offset would stop torch.compile).
     Four dimensions, like q: given as (H, r, j), torch 2.13 leaves its flash kernel for a path
-    several times slower (figures: the README, "What ALiBi costs").
+    several times slower (figures: docs/performance.md).
     """
     H, length = row.shape
     return row.as_strided((1, H, len(rows), len(keys)), (0, length, 1, 1),
@@ -309,7 +309,7 @@ def split_calls(q_len: int, k_len: int) -> list[tuple[range, range]]:
     rows see, j < k_len - r1, in one call, and the band of keys beyond in calls of ``band`` rows,
     each shown the keys its first row sees: every row is in exactly one band call. Bands of a
     quarter of the queries within 64 to BAND_ROWS rows: fewer rows waste less on -inf, but the
-    kernel's fixed cost per call weighs more (figures: the README, "What ALiBi costs"). Rows that
+    kernel's fixed cost per call weighs more (figures: docs/performance.md). Rows that
     fit in one band (decoding one token against a cache) go in one call, the rectangle with them.
     """
     band = min(BAND_ROWS, max(64, q_len // 4))

@@ -2,7 +2,7 @@
 
     python benchmarks/flex_tuning.py [--sizes 16384 4096] [--variants ...] [--output DIR] [--device cuda]
 
-On an H200 (README, "CUDA") ``alibi_attention(impl="flex")`` took 1.4-2.0x plain SDPA at N = 16384 and
+On an H200 (docs/performance.md, "CUDA") ``alibi_attention(impl="flex")`` took 1.4-2.0x plain SDPA at N = 16384 and
 2.3-3.0x at 4096, bf16, where the goal is 1.2x. This splits that time: FlexAttention's own kernel with
 nothing to add (``flex_no_bias``), the library's Python around the call (``direct`` calls the same compiled
 kernel without it; ``compiled_whole`` compiles the call as a model compiled whole would), and candidates

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of alibi_ref (README, "To check a GPU"), prepared for a lent GPU machine's short time:
+# The GPU check of alibi_ref (docs/performance.md, "To check a GPU"), prepared for a lent GPU machine's short time:
 #
 #   bash benchmarks/gpu_check.sh               # one call, timeout_s=590: a session's 15 device minutes hold one
 #   bash benchmarks/gpu_check.sh 16384 4096    # the bench table of `auto` (a second call, where time is left)
@@ -7,7 +7,7 @@
 # Measured on an H200 (2026-11-26): env 6 s, tests 63 s, a bench size ~11 s a row (a fresh
 # process each, FlexAttention compiled in each), so 20 rows of five paths took 215 s at N = 4096
 # and did not finish in 300 s at N = 16384. On an H100 (later that day): tests 141 s, a tuning variant
-# ~70 s at N = 16384 (four rows) and ~30 s at 4096. The README ("CUDA") has both runs; the H100's split
+# ~70 s at N = 16384 (four rows) and ~30 s at 4096. docs/performance.md ("CUDA") has both runs; the H100's split
 # flex's time (its floor with no bias is 1.3-1.6x plain SDPA at 16384) and led to the library's
 # present form, so the tuning stages now time the library beside that floor and the candidates still
 # open (benchmarks/flex_tuning.py: tune-16384, the kernel's part; tune-4096, the host's part), and the
@@ -45,7 +45,7 @@ paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 # benchmarks/flex_tuning.py's variants, most telling first (a stage cut short keeps its rows): at 16384 the kernel's
 # part (the library against its floor with no bias, then the candidates the H100 left open), at 4096 the host's
 # (the library against its kernel called directly). KERNEL_VARIANTS="..." for others (tiles, prescale, autotune,
-# positions: the H100's answers are in the README)
+# positions: the H100's answers are in docs/performance.md)
 kernel_variants=${KERNEL_VARIANTS:-library flex_no_bias cudnn_alibi key_term_only rows_safe tma}
 host_variants=${HOST_VARIANTS:-library direct flex_no_bias cudnn_alibi}
 decode_variants=${DECODE_VARIANTS:-library direct sdpa_bias}

@@ -37,3 +37,22 @@ def test_linked_files_exist(page):
     local = [t for t in targets if not re.match(r"[a-z]+:", t)]
     missing = [t for t in local if not (page.parent / t).exists()]
     assert not missing, f"{page.name} links to files that do not exist: {missing}"
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_anchors_name_headings_that_exist(page):
+    links = re.findall(r"\]\(([^)\s]*)#([^)\s]+)\)", page.read_text())
+    broken = []
+    for target, anchor in links:
+        if re.match(r"[a-z]+:", target):
+            continue
+        linked = page.parent / target if target else page
+        headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
+        if anchor not in {slug(h) for h in headings}:
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{page.name} links to headings that do not exist: {broken}"

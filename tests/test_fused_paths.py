@@ -568,7 +568,8 @@ def test_a_growing_cache_compiles_flex_once(device, q_len, causal):
 
 def test_flex_compiles_for_each_key_length_outside_decoding(device):
     """Outside decoding the key length stays a number of the compiled kernel: compiled for a symbolic length,
-    FlexAttention took 2.4x plain SDPA on an H100 against 1.4x (N = 16384, bf16, symmetric: README, "CUDA").
+    FlexAttention took 2.4x plain SDPA on an H100 against 1.4x (N = 16384, bf16, symmetric: docs/performance.md,
+    "CUDA").
     So a second key length compiles anew, and both give naive's output (64 queries: prefilling in chunks)."""
     from torch._dynamo.utils import counters
 
@@ -593,7 +594,7 @@ def test_auto_uses_flex_on_cuda_for_long_sequences_and_the_bias_for_decoding():
     for n, expected in [(FUSED_MIN_LEN, "flex"), (FUSED_MIN_LEN - 1, "sdpa")]:
         q = torch.zeros(1, 8, n, 16, device="cuda")
         assert choose_impl("auto", q, Dims(8, 8, n, n, 16), False) == expected
-    # a decoding step reads a few rows of bias faster than FlexAttention runs (README, "CUDA")
+    # a decoding step reads a few rows of bias faster than FlexAttention runs (docs/performance.md, "CUDA")
     for q_len, expected in [(1, "sdpa"), (FEW_QUERIES, "sdpa"), (FEW_QUERIES + 1, "flex")]:
         q = torch.zeros(1, 8, q_len, 16, device="cuda")
         assert choose_impl("auto", q, Dims(8, 8, q_len, 4096, 16), False, causal=True) == expected

@@ -98,7 +98,7 @@ def test_numpy_slopes_build_their_own():
 
 def test_auto_on_the_cpu_reads_a_kept_bias_while_it_is_small_and_the_strided_row_beyond():
     """Up to KEPT_BIAS_NUMBERS numbers (H i j) the kept (H, i, j) bias, in q's dtype; beyond it, with slopes that
-    take a gradient, with padding or a window, the strided path's row (README, "What ALiBi costs")."""
+    take a gradient, with padding or a window, the strided path's row (docs/performance.md)."""
     heads = 8
     largest = int((KEPT_BIAS_NUMBERS / heads) ** 0.5)
     slopes = slopes_of(heads, torch.float32)
