@@ -58,6 +58,10 @@ VARIANTS = {
                  None, True),
     "cudnn_alibi": ("cuDNN's flash SDPA with its own ALiBi (nvidia-cudnn-frontend, carried as a wheel: "
                     "gpu_check.sh): causal only, the paper's slopes only, forward only here", True, True),
+    "cudnn_bias": ("alibi_attention(impl='sdpa') on torch's cuDNN SDPA backend (forced): cuDNN reading the bias "
+                   "built for the call, in q's dtype (public anchor: about 1.13x plain on an H100)", None, True),
+    "cudnn_strided": ("alibi_attention(impl='strided') on torch's cuDNN SDPA backend (forced): cuDNN reading the "
+                      "strided view of one row per head", None, True),
 }
 # at most this multiple of plain SDPA, bf16, forward and forward+backward (issue 15, item 4): a line in the plot
 GOAL = 1.2
@@ -115,10 +119,24 @@ def cudnn_alibi():
     return attend
 
 
+def on_cudnn(impl: str, slopes, causal: bool):
+    """``alibi_attention(impl=impl)`` with torch's SDPA held to its cuDNN backend (it raises where cuDNN refuses the
+    call). The backward runs the backend the forward chose."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
+
+    return attend
+
+
 def attention(variant: str, slopes, causal: bool):
     """The variant as a function of (q, k, v)."""
     if variant == "cudnn_alibi":
         return cudnn_alibi()
+    if variant in ("cudnn_bias", "cudnn_strided"):
+        return on_cudnn("sdpa" if variant == "cudnn_bias" else "strided", slopes, causal)
     if variant in ("library", "sdpa_bias"):
         impl = "flex" if variant == "library" else "sdpa"
         return lambda q, k, v: alibi_attention(q, k, v, slopes, causal=causal, impl=impl)
