@@ -36,8 +36,8 @@ STRIDED_MIN_LEN = 128
 # the kept bias)
 KEPT_BIAS_NUMBERS = 1 << 21
 # up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows and SDPA with
-# it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (docs/performance.md:
-# decoding; "CUDA": 2.7x plain SDPA against flex's 5.9x, one query against 16384 keys on an H100)
+# it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (docs/performance.md: decoding on
+# the CPU; "CUDA": one query against 16384 keys on an H100)
 FEW_QUERIES = 4
 
 

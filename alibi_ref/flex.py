@@ -31,8 +31,8 @@ def distance(offset, positions=None):
 def alibi_score_mod(slopes, offset, positions=None, behind_only: bool = False):
     """The score_mod: ALiBi exactly as the paper writes it, -m_h |rel| (``distance``). ``behind_only``: every key
     a query sees is at or behind it (causal), so rel >= 0 and the abs can go (a key ahead of the query gets a
-    score here, but the mask replaces it with -inf). The kernel's one instruction less measured 1.89x -> 1.73x
-    plain SDPA forward+backward on an H100 (docs/performance.md, "CUDA"), the outputs identical."""
+    score here, but the mask replaces it with -inf). The kernel's one instruction less measured faster on an H100,
+    forward and backward (docs/performance.md, "CUDA"), the outputs identical."""
     rel = distance(offset, positions)
 
     def alibi(score, b, h, q_idx, kv_idx):
@@ -84,7 +84,7 @@ def _the_key_length_may_vary(k, v) -> None:
     """Compile for the keys' length as a symbol, every other size as it is (``k``, ``v`` here are the
     kernels' own views, not the caller's tensors): a decoding loop, whose cache grows by a key a step,
     compiles once. Decoding only (up to FEW_QUERIES queries): on an H100 the kernel compiled for a symbolic
-    length took 2.4x plain SDPA at N = 16384 (bf16, symmetric), against 1.4x compiled for the length itself.
+    length ran far slower than the one compiled for the length itself (docs/performance.md, "CUDA").
     Left to torch.compile's automatic dynamic shapes, every size that changed became a symbol, and torch
     2.13's CPU compiler wrote C++ that does not compile (``cur_kvSplitSize5 was not declared``) once the
     queries' and the keys' lengths were two symbols. "maybe": where a kernel needs the length as a number
