@@ -14,7 +14,9 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    # the docstring's table of commands keeps its lines (argparse's default formatter runs them into one paragraph)
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("grade", help="grade every submission in a folder")
     p.add_argument("submissions", type=Path, help="one folder or .zip per student (its name is the student id), "

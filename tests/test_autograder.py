@@ -994,3 +994,15 @@ def test_scratch_folders_a_killed_grader_left_are_removed_by_the_next_and_only_t
     assert not killed.exists() and not reused.exists()
     assert live.is_dir() and untagged.is_dir() and elsewhere.is_dir() and link.is_symlink()
     assert sweep_scratch(tmp_path) == [] and live.is_dir()  # this process is alive
+
+
+def test_the_help_lists_the_commands_in_the_order_an_instructor_runs_them(capsys):
+    """``python -m autograder --help`` shows the module docstring's table as it is written, one command a line."""
+    from autograder.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    rows = [line.split()[0] for line in shown.splitlines() if line.startswith("    ") and not line.startswith("     ")]
+    assert rows[:4] == ["collect", "grade", "feedback", "export"], shown
