@@ -120,12 +120,14 @@ def cmd_bench(args) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_ref", description=__doc__)
-    device = argparse.ArgumentParser(add_help=False)
-    device.add_argument("--device", default=None,
-                        help="run with torch on this device (cpu, cuda, cuda:1, mps); default: NumPy")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("example", parents=[device], help="the chapter's worked tables, computed live")
+    def device_option(p, default: str) -> None:
+        p.add_argument("--device", default=None,
+                       help=f"run with torch on this device (cpu, cuda, cuda:1, mps); default: {default}")
+
+    p = sub.add_parser("example", help="the chapter's worked tables, computed live")
+    device_option(p, "NumPy")
     p.add_argument("--backend", choices=("numpy", "torch", "jax"), default=None,
                    help="numpy (default), torch (implied by --device) or jax")
     p.set_defaults(run=cmd_example)
@@ -136,12 +138,13 @@ def main(argv=None) -> None:
     p.add_argument("--max-bias", type=float, default=8.0, help="the 8 of the paper schedule (MPT's alibi_bias_max)")
     p.set_defaults(run=cmd_slopes)
 
-    p = sub.add_parser("explain", parents=[device], help="trace one query of 'The cat sat on mat'")
+    p = sub.add_parser("explain", help="trace one query of 'The cat sat on mat'")
+    device_option(p, "NumPy")
     p.add_argument("token", help="a token (The, cat, sat, on, mat) or a row index")
     p.set_defaults(run=cmd_explain)
 
-    p = sub.add_parser("extrapolate", parents=[device],
-                       help="train short, test long: ALiBi against other position methods")
+    p = sub.add_parser("extrapolate", help="train short, test long: ALiBi against other position methods")
+    device_option(p, "the CPU")
     p.add_argument("--quick", action="store_true", help="a short run (about a minute on 2 cores), for CI")
     p.add_argument("--output", type=Path, default=Path("extrapolation"), help="where results.json and the plot go")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
@@ -150,10 +153,12 @@ def main(argv=None) -> None:
 
     from .lab.bench import DEFAULT_PATHS, DTYPES, PATHS
 
-    p = sub.add_parser("bench", parents=[device], help="time and memory of each ALiBi path against plain SDPA")
-    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
+    p = sub.add_parser("bench", help="time and memory of each ALiBi path against plain SDPA")
+    device_option(p, "the CPU")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], metavar="N",
+                   help="sequence lengths, queries and keys alike (default: 1024 4096)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads H (default 8)")
+    p.add_argument("--head-dim", type=int, default=64, help="head size d (default 64)")
     p.add_argument("--repeat", type=int, default=10, help="timed runs per measurement; the median is reported")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(DEFAULT_PATHS),
                    help="default: all but flex_no_bias (FlexAttention with no bias, a floor for flex_compiled)")
