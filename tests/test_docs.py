@@ -1,6 +1,7 @@
 """The README and docs/ say what the project does: their Python examples run as written, and every
 file they link to exists."""
 
+import functools
 import re
 from pathlib import Path
 
@@ -31,11 +32,16 @@ def test_python_example_runs_as_written(code):
     exec(compile(code, "<example>", "exec"), {"__name__": "__example__"})
 
 
+def local_links(page: Path) -> list[tuple[str, str]]:
+    """(file, anchor) of each link of a page that stays in the repository; either may be "" (the page itself; no
+    anchor)."""
+    links = re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text())
+    return [(target, anchor) for target, anchor in links if not re.match(r"[a-z]+:", target)]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_linked_files_exist(page):
-    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
-    local = [t for t in targets if not re.match(r"[a-z]+:", t)]
-    missing = [t for t in local if not (page.parent / t).exists()]
+    missing = [target for target, _ in local_links(page) if target and not (page.parent / target).exists()]
     assert not missing, f"{page.name} links to files that do not exist: {missing}"
 
 
@@ -44,15 +50,13 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache
+def anchors(page: Path) -> set[str]:
+    return {slug(heading) for heading in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M)}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_anchors_name_headings_that_exist(page):
-    links = re.findall(r"\]\(([^)\s]*)#([^)\s]+)\)", page.read_text())
-    broken = []
-    for target, anchor in links:
-        if re.match(r"[a-z]+:", target):
-            continue
-        linked = page.parent / target if target else page
-        headings = re.findall(r"^#+ (.+)$", linked.read_text(), flags=re.M)
-        if anchor not in {slug(h) for h in headings}:
-            broken.append(f"{target}#{anchor}")
+    broken = [f"{target}#{anchor}" for target, anchor in local_links(page)
+              if anchor and anchor not in anchors(page.parent / target if target else page)]
     assert not broken, f"{page.name} links to headings that do not exist: {broken}"
