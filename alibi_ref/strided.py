@@ -14,6 +14,10 @@ built, forward or backward. The bias is the materialised one, value for value: n
 folded into the dot product and nothing is lost to precision. The queries are reversed going in
 and the output rows coming out: two copies of size (H, N, d).
 
+From ``REACH_MIN_KEYS`` keys on (CPU, float32 and float64), a steep head's far keys are not computed at
+all: ``alibi_ref.reach`` bounds, from the longest query and key, the distance beyond which they hold less
+than eps / 8 of any row's weight, and a head whose bound is short runs as a sliding window of that width.
+
 Causal: the kernel's is_causal keeps the lower triangle of its own (r, j) grid, which after the
 reversal is the wrong one, so the -inf sits in the row (row[h, t] = -inf for t > k_len - 1) and
 each block of reversed rows r0 .. r1 - 1 is shown only the keys it can see,
@@ -91,6 +95,7 @@ import torch
 from ._backend import over_flat_batch, repeat_heads
 from .bias import bias_from_distances
 from .kept import kept
+from .reach import reach_windows
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
 SCORES_PER_BLOCK = 1 << 22
@@ -217,11 +222,31 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     if window is not None and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"impl='strided' takes a window with q_len <= k_len only (got {q.shape[-2]} queries against "
                          f"{k.shape[-2]} keys: the first queries could see no key); use 'sdpa' or 'naive'")
+    windows = reach_windows(q, k, slopes, scale, causal, groups, window) if dropout_p == 0 else None
+    if windows is not None:  # some heads' far keys hold no weight: those heads see a window (alibi_ref.reach)
+        return _by_reach(q, k, v, slopes, scale, causal, groups, block, windows, window)
     if slopes.requires_grad and torch.is_grad_enabled() and dropout_p == 0:
         # the fused kernel refuses a mask that needs a gradient: the slopes get theirs beside it
         out = _attention(q, k, v, slopes.detach(), scale, causal, groups, block, 0.0, window)
         return SlopesGradient.apply(out, slopes, q.detach(), k.detach(), v.detach(), scale, causal, groups, window)
     return _attention(q, k, v, slopes, scale, causal, groups, block, dropout_p, window)
+
+
+def _by_reach(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None, windows: list, window):
+    """Each KV head whose reach narrows ``window`` (``reach_windows``) alone, with its narrowed window; each
+    run of heads between them together, with ``window``. Returns (B, H, i, d_v)."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    outs, u = [], 0
+    while u < len(windows):
+        end = u + 1
+        while windows[u] is None and end < len(windows) and windows[end] is None:
+            end += 1
+        heads, kv = slice(u * groups, end * groups), slice(u, end)  # query heads of KV heads u .. end - 1
+        seen = window if windows[u] is None else limiting(windows[u], q_len, k_len, causal)
+        outs.append(_attention(q[:, heads], k[:, kv], v[:, kv], slopes[heads], scale, causal, groups, block, 0.0,
+                               seen))  # (B, (end - u) groups, i, d_v)
+        u = end
+    return torch.cat(outs, 1)  # (B, H, i, d_v)
 
 
 def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: int | None, dropout_p: float,

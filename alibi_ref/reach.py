@@ -1,0 +1,90 @@
+"""How far each head looks: the distance beyond which ALiBi leaves a key less weight than float32 can hold.
+
+ALiBi takes m_h d from the logit of a key d positions away, so a steep head's far keys get weights
+like e^(-m d): at m = 1/2 a key 200 positions away gets e^-100, zero beside the row's best key. A
+kernel still computes them, and on an x86 CPU it computes them slowly, since e^-100 is a subnormal
+float32 (``alibi_ref.denormals``). How far is far enough to skip, whatever q and k hold:
+
+A query i sees its own position i' (distance 0, no bias) whenever q_len <= k_len, so its best logit is
+at least scale q_i . k_i' >= -scale |q_i| |k_i'|. A key d positions away scores at most
+scale |q_i| |k_j| - m d. With Q = max_i |q_i| and K = max_j |k_j| over the head (every batch row),
+that key's softmax weight is at most
+
+    p_ij <= exp(2 scale Q K - m d)
+
+and the keys beyond a distance D hold together at most N exp(2 scale Q K - m D) of the row's weight
+(N keys). Taking
+
+    D = (2 scale Q K + ln N + ln(8 / eps)) / m,        eps: float32's, or the inputs' if finer,
+
+leaves them at most eps / 8 of it: dropping them moves the output by at most eps / 4 max |v|, under
+the float32 rounding of the output itself. The bound holds for any q and k (Cauchy-Schwarz), so a
+head whose queries and keys are long gets a long reach, or none.
+
+Worked example: H = 8 (slopes 1/2 .. 1/256), d = 64, unit-variance q and k, N = 8192. The longest
+q and k are about 11 long, so scale Q K is about 11 * 11 / 8 = 15 and D about (30 + 9 + 18) / m:
+115 keys for m = 1/2, then 230, 460, 920, 1840, 3680, ... The first five heads each see a window
+of 2 D + 1 keys instead of 8192.
+
+``strided_alibi_attention`` runs those heads as a sliding window (its ``window`` path), each alone,
+and the rest together as before, where the window saves at least half a head's work and the keys are
+``REACH_MIN_KEYS`` or more (below that the extra kernel calls cost more than they save): figures in
+docs/performance.md, "Each head's reach". Not where the slopes are learned (the bound would have to
+hold for their gradient too), with dropout, or under torch.compile (the bound reads the values).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# the reach is taken from this many keys up, where it measured faster than computing every key
+REACH_MIN_KEYS = 4096
+# reversed query rows per kernel call of a windowed head (strided.WINDOW_ROWS): each call is shown
+# these rows' keys plus the window, so a window pays where that is at most half of all keys
+_CALL_ROWS = 256
+
+
+def head_reach(q, k, slopes, scale: float, groups: int) -> list[int | None]:
+    """Per KV head, the distance D beyond which every key together holds at most eps / 8 of a row's
+    weight (module docstring); None where the slope does not make the weights fall (m <= 0).
+
+    q (B, H, i, d), k (B, H_kv, j, d); query heads h of KV head u: u * groups .. (u + 1) * groups - 1,
+    which share one reach (the widest of theirs)."""
+    n_keys = k.shape[-2]
+    eps = min(torch.finfo(torch.float32).eps, torch.finfo(q.dtype).eps)
+    q_longest = q.detach().float().norm(dim=-1).amax(dim=(0, 2)).view(-1, groups).amax(-1)  # (H_kv,)
+    k_longest = k.detach().float().norm(dim=-1).amax(dim=(0, 2))  # (H_kv,)
+    # the flattest slope of each KV head's group reaches furthest
+    flattest = slopes.detach().float().view(-1, groups).amin(-1)  # (H_kv,)
+    reach = []
+    for m, q_max, k_max in zip(flattest.tolist(), q_longest.tolist(), k_longest.tolist(), strict=True):
+        if not m > 0:
+            reach.append(None)
+            continue
+        logits = 2 * abs(scale) * q_max * k_max + math.log(n_keys) + math.log(8 / eps)
+        reach.append(math.ceil(logits / m) if math.isfinite(logits) else None)
+    return reach
+
+
+def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window) -> list | None:
+    """Per KV head, the window (left, right) its reach narrows ``window`` to, or None for a head that runs
+    with ``window`` as it is; None for the whole call where the reach does not pay or does not apply."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if (k_len < REACH_MIN_KEYS or q_len > k_len or q.device.type != "cpu"
+            or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling()
+            or (slopes.requires_grad and torch.is_grad_enabled())):
+        return None
+    left, right = window or (None, None)
+    windows = []
+    for reach in head_reach(q, k, slopes, scale, groups):
+        if reach is None:
+            windows.append(None)
+            continue
+        narrows = left is None or reach < left or (not causal and (right is None or reach < right))
+        narrowed = (reach if left is None else min(left, reach),
+                    0 if causal else reach if right is None else min(right, reach))
+        shown = _CALL_ROWS + narrowed[0] + narrowed[1]  # keys each of its kernel calls is shown
+        windows.append(narrowed if narrows and shown <= k_len // 2 else None)
+    return windows if any(w is not None for w in windows) else None

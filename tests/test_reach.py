@@ -1,0 +1,121 @@
+"""Each head's reach (alibi_ref.reach): the keys beyond it hold no weight float32 can hold, for any q and k;
+and the strided path, which leaves them out, equals the naive one."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import alibi_ref.reach as reach
+import alibi_ref.strided as strided
+from alibi_ref import alibi_attention, alibi_bias, get_slopes
+from alibi_ref.reach import head_reach, reach_windows
+
+EPS = torch.finfo(torch.float32).eps
+
+
+def weight_beyond(q, k, slopes, scale, causal, distance):
+    """Per head, the most weight any row puts on keys further than ``distance[h]`` from it: the float64
+    softmax of the materialised bias. q, k (1, H, N, d) float32."""
+    q, k = q.double(), k.double()
+    bias = alibi_bias(slopes.double(), q.shape[-2], k.shape[-2], causal=causal)  # (H, i, j)
+    probs = (q @ k.transpose(-1, -2) * scale + bias).softmax(-1)[0]  # (H, i, j)
+    i = torch.arange(q.shape[-2])[:, None] + (k.shape[-2] - q.shape[-2])
+    far = (i - torch.arange(k.shape[-2])[None, :]).abs()  # (i, j)
+    return [float((probs[h] * (far > d)).sum(-1).max()) for h, d in enumerate(distance)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), length=st.floats(0.2, 3.0), aligned=st.booleans(), causal=st.booleans())
+def test_the_keys_beyond_each_heads_reach_hold_at_most_an_eighth_of_float32s_eps(seed, length, aligned, causal):
+    """Random q and k, or the worst case of the bound: every query parallel to the first key and opposite
+    to its own, so the first key outscores the query's own by 2 scale |q| |k| before the bias (the queries
+    of different lengths, the longest nearest the first key: the bound must take the longest)."""
+    torch.manual_seed(seed)
+    n, d = 512, 16
+    slopes = torch.tensor([1.0, 0.5, 0.125])
+    q, k = (torch.randn(1, 3, n, d) * length for _ in range(2))
+    if aligned:
+        direction = torch.nn.functional.normalize(torch.randn(d), dim=0) * length * math.sqrt(d)
+        q[:] = direction * torch.linspace(1.5, 0.5, n)[:, None]
+        k[:] = -direction
+        k[..., 0, :] = direction
+    scale = 1 / math.sqrt(d)
+    distance = head_reach(q, k, slopes, scale, groups=1)
+    assert all(w <= EPS / 8 for w in weight_beyond(q, k, slopes, scale, causal, distance)), distance
+    if aligned:  # the bound is tight: at half the reach the first key still holds far more than that
+        halves = [r // 2 for r in distance]
+        assert all(w > EPS / 8 for w, r in zip(weight_beyond(q, k, slopes, scale, causal, halves), halves,
+                                               strict=True) if r < n - 1), halves
+
+
+def test_grouped_query_heads_share_the_reach_of_their_flattest_slope_and_longest_query():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 64, 8), torch.randn(2, 2, 64, 8)
+    q[1, 1] *= 3  # the longest query: head 1, of KV head 0
+    slopes = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    apart = head_reach(q, k.repeat_interleave(2, 1), slopes, 0.3, groups=1)
+    assert head_reach(q, k, slopes, 0.3, groups=2) == [max(apart[:2]), None]
+    assert apart[3] is None  # slope 0: no key's weight falls with distance
+
+
+@pytest.fixture
+def reach_from_any_length(monkeypatch):
+    monkeypatch.setattr(reach, "REACH_MIN_KEYS", 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("groups, window", [(1, None), (2, None), (1, (300, 40)), (2, (300, None))])
+def test_strided_leaving_out_keys_beyond_each_heads_reach_equals_naive(reach_from_any_length, monkeypatch, causal,
+                                                                        groups, window):
+    seen = []  # the window each run of heads is shown
+    attention = strided._attention
+    monkeypatch.setattr(strided, "_attention", lambda *args: seen.append(args[-1]) or attention(*args))
+    torch.manual_seed(1)
+    n, d = 1024, 16
+    slopes = torch.tensor([1.0, 0.5, 0.05, 0.0], dtype=torch.float64)
+    q = (torch.randn(2, 4, n, d, dtype=torch.float64) * 0.3).requires_grad_()
+    k, v = ((torch.randn(2, 4 // groups, n, d, dtype=torch.float64) * 0.3).requires_grad_() for _ in range(2))
+    windows = reach_windows(q, k, slopes, 1 / math.sqrt(d), causal, groups, window)
+    assert windows is not None and windows[0] is not None and windows[-1] is None, windows  # the reach is taken
+    out = alibi_attention(q, k, v, slopes, causal=causal, impl="strided", window=window)
+    assert seen == [strided.limiting(w or window, n, n, causal) for w in windows if w is not None] + [
+        strided.limiting(window, n, n, causal)]  # each narrowed head alone, the last heads together
+    expected = alibi_attention(q, k, v, slopes, causal=causal, impl="naive", window=window)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    grad = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_float32_with_the_worst_case_q_and_k_stays_as_close_to_float64_as_the_materialised_bias(
+        reach_from_any_length):
+    torch.manual_seed(2)
+    n, d = 1024, 16
+    slopes = torch.tensor([1.0, 0.5])
+    direction = torch.nn.functional.normalize(torch.randn(d), dim=0) * 1.2
+    q = direction.expand(1, 2, n, d).clone()
+    k = -q
+    k[..., ::97, :] = direction  # keys every 97 positions outscore each query's own by 2 scale |q| |k|
+    v = torch.randn(1, 2, n, d)
+    assert reach_windows(q, k, slopes, 1 / math.sqrt(d), False, 1, None) is not None
+    exact = alibi_attention(*(x.double() for x in (q, k, v)), slopes.double(), impl="naive")
+    for impl in ("strided", "naive"):
+        error = (alibi_attention(q, k, v, slopes, impl=impl).double() - exact).abs().max()
+        assert error < 4 * EPS * v.abs().max(), (impl, error)
+
+
+def test_the_reach_is_taken_only_where_it_is_measured_and_exact():
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
+    q, k = torch.randn(1, 8, reach.REACH_MIN_KEYS, 64), torch.randn(1, 8, reach.REACH_MIN_KEYS, 64)
+    windows = reach_windows(q, k, slopes, 0.125, True, 1, None)
+    assert windows[0] is not None and windows[-1] is None, windows  # steep heads narrowed, flat ones not
+    short = reach_windows(q[..., :-1, :], k[..., :-1, :], slopes, 0.125, True, 1, None)
+    learned = reach_windows(q, k, slopes.clone().requires_grad_(), 0.125, True, 1, None)
+    half = reach_windows(q.bfloat16(), k.bfloat16(), slopes, 0.125, True, 1, None)
+    more_queries = reach_windows(torch.randn(1, 8, reach.REACH_MIN_KEYS + 1, 64), k, slopes, 0.125, True, 1, None)
+    narrow = reach_windows(q, k, slopes, 0.125, False, 1, (8, 8))  # the window already narrower than any reach
+    assert (short, learned, half, more_queries, narrow) == (None,) * 5
