@@ -38,6 +38,15 @@ def flush_denormals() -> bool:
     return True
 
 
+def subnormals_flushed() -> bool:
+    """Whether this thread flushes subnormal floats to zero (after ``flush_denormals``, or torch's own switch):
+    half of float32's smallest normal number comes out 0 where it does."""
+    import torch
+
+    smallest_normal = torch.tensor(torch.finfo(torch.float32).tiny)
+    return bool(smallest_normal / 2 == 0)
+
+
 def _loaded_openmp() -> str | None:
     """The OpenMP runtime torch loaded, from this process's memory map (None if there is none)."""
     try:

@@ -23,13 +23,14 @@ head whose queries and keys are long gets a long reach, or none.
 
 Worked example: H = 8 (slopes 1/2 .. 1/256), d = 64, unit-variance q and k, N = 8192. The longest
 q and k are about 11 long, so scale Q K is about 11 * 11 / 8 = 15 and D about (30 + 9 + 18) / m:
-115 keys for m = 1/2, then 230, 460, 920, 1840, 3680, ... The first five heads each see a window
-of 2 D + 1 keys instead of 8192.
+about 115 keys for m = 1/2, then 230, 450, 900, 1800, 3600, ... (each head's own longest q and k
+set its figure): the first five or six heads each see a window of 2 D + 1 keys instead of 8192.
 
 ``strided_alibi_attention`` runs those heads as a sliding window (its ``window`` path), each alone,
-and the rest together as before, where the window saves at least half a head's work and the keys are
-``REACH_MIN_KEYS`` or more (below that the extra kernel calls cost more than they save): figures in
-docs/performance.md, "Each head's reach". Not where the slopes are learned (the bound would have to
+and the rest together as before, where that measured faster (``MIN_KEYS``, ``SHOWN_AT_MOST``): from
+4096 keys for a head whose window halves its work, or, where subnormal floats are computed rather than
+flushed, from 1024 keys for any head whose window hides a key, since the keys left out are the ones
+whose terms are subnormal. Not where the slopes are learned (the bound would have to
 hold for their gradient too), with dropout, or under torch.compile (the bound reads the values).
 """
 
@@ -39,10 +40,16 @@ import math
 
 import torch
 
-# the reach is taken from this many keys up, where it measured faster than computing every key
-REACH_MIN_KEYS = 4096
-# reversed query rows per kernel call of a windowed head (strided.WINDOW_ROWS): each call is shown
-# these rows' keys plus the window, so a window pays where that is at most half of all keys
+from .denormals import subnormals_flushed
+
+# Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
+# MIN_KEYS keys, and for the heads whose kernel calls are shown at most SHOWN_AT_MOST of all keys (each
+# call: its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and their window's width). Flushed, the
+# reach only saves work, which pays from 4096 keys where it halves a head's; kept, it also spares the
+# steep heads' subnormal terms, which pays from 1024 keys wherever a window hides any key (figures:
+# docs/performance.md, "Each head's reach")
+MIN_KEYS = {"flushed": 4096, "kept": 1024}
+SHOWN_AT_MOST = {"flushed": 0.5, "kept": 1.0}
 _CALL_ROWS = 256
 
 
@@ -72,9 +79,12 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
     """Per KV head, the window (left, right) its reach narrows ``window`` to, or None for a head that runs
     with ``window`` as it is; None for the whole call where the reach does not pay or does not apply."""
     q_len, k_len = q.shape[-2], k.shape[-2]
-    if (k_len < REACH_MIN_KEYS or q_len > k_len or q.device.type != "cpu"
+    if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu"
             or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling()
             or (slopes.requires_grad and torch.is_grad_enabled())):
+        return None
+    subnormals = "flushed" if subnormals_flushed() else "kept"
+    if k_len < MIN_KEYS[subnormals]:
         return None
     left, right = window or (None, None)
     windows = []
@@ -86,5 +96,5 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
         narrowed = (reach if left is None else min(left, reach),
                     0 if causal else reach if right is None else min(right, reach))
         shown = _CALL_ROWS + narrowed[0] + narrowed[1]  # keys each of its kernel calls is shown
-        windows.append(narrowed if narrows and shown <= k_len // 2 else None)
+        windows.append(narrowed if narrows and shown <= SHOWN_AT_MOST[subnormals] * k_len else None)
     return windows if any(w is not None for w in windows) else None

@@ -624,14 +624,15 @@ def test_the_flex_path_never_waits_for_the_gpu(causal):
 _SUBNORMAL_PROBE = textwrap.dedent("""
     import json, torch
     from alibi_ref import flush_denormals
+    from alibi_ref.denormals import subnormals_flushed
 
     def subnormals():  # a multiplication large enough to run on every OpenMP thread
         return int((torch.full((1 << 22,), 1e-30) * 1e-10 != 0).sum())
 
-    before = subnormals()
+    before, seen_before = subnormals(), subnormals_flushed()
     flushed = flush_denormals()
     print(json.dumps({"threads": torch.get_num_threads(), "before": before, "after": subnormals(),
-                      "flushed": flushed}))
+                      "flushed": flushed, "seen": [seen_before, subnormals_flushed()]}))
 """)
 
 
@@ -641,3 +642,4 @@ def test_flush_denormals_reaches_every_thread():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["flushed"] and result["before"] == 1 << 22, result  # 1e-40 is subnormal: kept before
     assert result["after"] == 0, f"{result['after']} subnormal results survived on some thread: {result}"
+    assert result["seen"] == [False, True], result  # subnormals_flushed() tells the two states apart
