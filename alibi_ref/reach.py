@@ -92,7 +92,8 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
         if reach is None:
             windows.append(None)
             continue
-        narrows = left is None or reach < left or (not causal and (right is None or reach < right))
+        hides_a_key = reach < k_len - 1  # a window hides no key where no distance exceeds it
+        narrows = hides_a_key and (left is None or reach < left or (not causal and (right is None or reach < right)))
         narrowed = (reach if left is None else min(left, reach),
                     0 if causal else reach if right is None else min(right, reach))
         shown = _CALL_ROWS + narrowed[0] + narrowed[1]  # keys each of its kernel calls is shown

@@ -1,27 +1,30 @@
 """Each head's reach (alibi_ref.reach) on the CPU: the default path with it and without, against plain SDPA.
 
-    python benchmarks/reach.py [--sizes 2048 4096 8192] [--keep-denormals] [--repeat 5]
+    python benchmarks/reach.py [--sizes 2048 4096 8192] [--keep-denormals] [--repeat 5] [--output DIR]
 
 Times, call for call in turn in one process (shuffled each round, so that a slow spell of a shared
 machine falls on every path alike), plain SDPA, the default path (``alibi_attention``, which takes the
 reach from ``reach.MIN_KEYS`` keys) and the same path with the reach switched off; forward and
 forward+backward, both masks, float32, B = 1, H = 8, d = 64. Prints each path's median as a ratio to
 plain SDPA, and the windows the reach gave the heads. ``--keep-denormals``: without flushing subnormal
-floats to zero (what a script that never calls ``alibi_ref.flush_denormals`` gets).
+floats to zero (what a script that never calls ``alibi_ref.flush_denormals`` gets). Writes the rows to
+``DIR/reach.jsonl`` and plots them, the ratio against N for each mask and pass, to ``DIR/reach.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
-import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import alibi_ref.reach as reach
 from alibi_ref import alibi_attention, flush_denormals, get_slopes
+from alibi_ref.lab.bench import call_seconds
 
 
 def paths(slopes, causal: bool) -> dict:
@@ -50,12 +53,7 @@ def time_paths(n: int, causal: bool, backward: bool, repeat: int, heads: int = 8
     fns = paths(slopes, causal)
 
     def seconds(fn) -> float:
-        start = time.perf_counter()
-        out = fn(q, k, v)
-        if backward:
-            q.grad = k.grad = v.grad = None
-            out.backward(upstream)
-        return time.perf_counter() - start
+        return call_seconds(fn, q, k, v, upstream if backward else None)
 
     times = {name: [] for name in fns}
     for fn in fns.values():
@@ -71,6 +69,31 @@ def time_paths(n: int, causal: bool, backward: bool, repeat: int, heads: int = 8
             "no_reach": medians["no_reach"] / medians["plain"], "windows": windows}
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """The ratio to plain SDPA against N, with the reach and without, one panel per mask and pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, panels = plt.subplots(1, 4, figsize=(16, 3.6), sharey=True)
+    for ax, (causal, backward) in zip(panels, [(False, False), (False, True), (True, False), (True, True)],
+                                      strict=True):
+        mine = [r for r in rows if r["causal"] == causal and r["backward"] == backward]
+        for key, style in (("no_reach", "o--"), ("reach", "o-")):
+            ax.plot([r["n"] for r in mine], [r[key] for r in mine], style, label=key.replace("_", " "))
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(1.1, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (queries and keys)")
+        ax.set_title(f"{'causal' if causal else 'symmetric'}, {'fwd+bwd' if backward else 'fwd'}")
+    panels[0].set_ylabel("time / plain SDPA")
+    panels[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192])
@@ -78,6 +101,7 @@ def main(argv=None) -> None:
     parser.add_argument("--min-keys", type=int, help=f"reach.MIN_KEYS for the reach path (default {reach.MIN_KEYS})")
     parser.add_argument("--shown", type=float,
                         help=f"reach.SHOWN_AT_MOST for the reach path (default {reach.SHOWN_AT_MOST})")
+    parser.add_argument("--output", type=Path, default=Path("reach"), help="where reach.jsonl and reach.png go")
     parser.add_argument("--keep-denormals", action="store_true", help="do not flush subnormal floats to zero")
     args = parser.parse_args(argv)
     for setting, value in ((reach.MIN_KEYS, args.min_keys), (reach.SHOWN_AT_MOST, args.shown)):
@@ -88,13 +112,21 @@ def main(argv=None) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, subnormals "
           f"{'kept' if args.keep_denormals else 'flushed'}; ratios to plain SDPA (float32, B = 1, H = 8, d = 64)")
     print(f"{'N':>6} {'causal':>6} {'pass':>8} {'plain ms':>9} {'reach':>6} {'no reach':>8}  windows (left, right)")
-    for n in args.sizes:
-        for causal in (False, True):
-            for backward in (False, True):
-                row = time_paths(n, causal, backward, args.repeat)
-                windows = [w for w in row["windows"] or [] if w is not None]
-                print(f"{n:>6} {causal!s:>6} {'fwd+bwd' if backward else 'fwd':>8} {row['plain_ms']:>9.1f} "
-                      f"{row['reach']:>5.2f}x {row['no_reach']:>7.2f}x  {windows}", flush=True)
+    args.output.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(args.output / "reach.jsonl", "w") as jsonl:
+        for n in args.sizes:
+            for causal in (False, True):
+                for backward in (False, True):
+                    row = {"n": n, "causal": causal, "backward": backward, "subnormals_kept": args.keep_denormals,
+                           **time_paths(n, causal, backward, args.repeat)}
+                    rows.append(row)
+                    jsonl.write(json.dumps(row) + "\n")
+                    windows = [w for w in row["windows"] or [] if w is not None]
+                    print(f"{n:>6} {causal!s:>6} {'fwd+bwd' if backward else 'fwd':>8} {row['plain_ms']:>9.1f} "
+                          f"{row['reach']:>5.2f}x {row['no_reach']:>7.2f}x  {windows}", flush=True)
+    plot(rows, args.output / "reach.png")
+    print(f"written to {args.output}/: reach.jsonl, reach.png")
 
 
 if __name__ == "__main__":

@@ -235,3 +235,21 @@ def test_the_flex_tuning_script_checks_each_variant_against_the_library_and_time
     assert [(r["variant"], r["q_len"], r["batch"], r["causal"]) for r in rows] == [
         ("library", 1, 8, True), ("sdpa_bias", 1, 8, True)]
     assert rows[1]["max_diff_in_eps"] < 16, rows[1]  # the same attention by another kernel
+
+
+def test_the_reach_benchmark_times_the_default_with_and_without_each_heads_reach(tmp_path):
+    """benchmarks/reach.py: a row per size, mask and pass, each with both ratios, and the windows the reach gave
+    (here from any length, every head whose window hides a key: the tuning options reach the library)."""
+    cmd = [sys.executable, "benchmarks/reach.py", "--sizes", "512", "--repeat", "1", "--min-keys", "0",
+           "--shown", "10", "--output", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "reach.jsonl").read_text().splitlines()]
+    assert [(r["n"], r["causal"], r["backward"]) for r in rows] == [
+        (512, False, False), (512, False, True), (512, True, False), (512, True, True)]
+    for row in rows:
+        assert row["plain_ms"] > 0 and row["reach"] > 0 and row["no_reach"] > 0, row
+        narrowed = [w for w in row["windows"] if w is not None]
+        assert narrowed and all(left < 511 for left, _ in narrowed), row  # the steep heads see windows
+        assert all(right == 0 for _, right in narrowed) == row["causal"], row
+    assert (tmp_path / "reach.png").stat().st_size > 10_000, "the rows come as a plot too"

@@ -75,6 +75,21 @@ def _path(name: str, slopes, causal: bool, window=None, padding=None):
                                            **(padding or {}))
 
 
+def call_seconds(fn, q, k, v, upstream=None) -> float:
+    """Seconds for one call ``fn(q, k, v)``, and with ``upstream`` its backward pass from that gradient (q, k and
+    v's gradients cleared first); a CUDA call waited for."""
+    import torch
+
+    start = time.perf_counter()
+    out = fn(q, k, v)
+    if upstream is not None:
+        q.grad = k.grad = v.grad = None
+        out.backward(upstream)
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)
+    return time.perf_counter() - start
+
+
 def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: str, repeat: int,
             keep_denormals: bool = False, dtype: str = "float32", against_plain: bool = False,
             backward: bool = False, batch: int = 1, window=None, left_padded: bool = False) -> dict:
@@ -104,18 +119,8 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32, device=dev)
     fn = _path(path, slopes, causal, window, left_padding(batch, n, dev) if left_padded else None)
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
     def seconds(f) -> float:
-        start = time.perf_counter()
-        out = f(q, k, v)
-        if backward:
-            q.grad = k.grad = v.grad = None
-            out.backward(upstream)
-        sync()
-        return time.perf_counter() - start
+        return call_seconds(f, q, k, v, upstream if backward else None)
 
     plain = _path("plain_sdpa", slopes, causal) if against_plain and path != "plain_sdpa" else None
     for f in (fn, plain) if plain else (fn,):
