@@ -30,8 +30,10 @@ set its figure): the first five or six heads each see a window of 2 D + 1 keys i
 and the rest together as before, where that measured faster (``MIN_KEYS``, ``SHOWN_AT_MOST``): from
 4096 keys for a head whose window halves its work, or, where subnormal floats are computed rather than
 flushed, from 1024 keys for any head whose window hides a key, since the keys left out are the ones
-whose terms are subnormal. Not where the slopes are learned (the bound would have to
-hold for their gradient too), with dropout, or under torch.compile (the bound reads the values).
+whose terms are subnormal. In float32 and float64, and in bfloat16 without a causal mask (a causal 16-bit
+call runs as one kernel call, which the windowed heads' calls were slower than). Not where the slopes are
+learned (the bound would have to hold for their gradient too), with dropout, or under torch.compile (the
+bound reads the values).
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
     """Per KV head, the window (left, right) its reach narrows ``window`` to, or None for a head that runs
     with ``window`` as it is; None for the whole call where the reach does not pay or does not apply."""
     q_len, k_len = q.shape[-2], k.shape[-2]
-    if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu"
-            or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling()
-            or (slopes.requires_grad and torch.is_grad_enabled())):
+    # bfloat16 symmetric only: causal 16-bit calls run as one kernel call (strided.last_row_fits), which the
+    # windowed heads' calls were slower than (docs/performance.md, "Each head's reach")
+    measured = q.dtype in (torch.float32, torch.float64) or (q.dtype == torch.bfloat16 and not causal)
+    if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu" or not measured
+            or torch.compiler.is_compiling() or (slopes.requires_grad and torch.is_grad_enabled())):
         return None
     subnormals = "flushed" if subnormals_flushed() else "kept"
     if k_len < MIN_KEYS[subnormals]:

@@ -14,10 +14,10 @@ built, forward or backward. The bias is the materialised one, value for value: n
 folded into the dot product and nothing is lost to precision. The queries are reversed going in
 and the output rows coming out: two copies of size (H, N, d).
 
-On the CPU in float32 and float64, from 1024 or 4096 keys (``reach.MIN_KEYS``), a steep head's far keys are
-not computed at all: ``alibi_ref.reach`` bounds, from the longest query and key, the distance beyond which
-they hold less than eps / 8 of any row's weight, and a head whose bound is short runs as a sliding window
-of that width.
+On the CPU in float32 and float64 (bfloat16: without a causal mask), from 1024 or 4096 keys
+(``reach.MIN_KEYS``), a steep head's far keys are not computed at all: ``alibi_ref.reach`` bounds,
+from the longest query and key, the distance beyond which they hold less than eps / 8 of any row's
+weight, and a head whose bound is short runs as a sliding window of that width.
 
 Causal: the kernel's is_causal keeps the lower triangle of its own (r, j) grid, which after the
 reversal is the wrong one, so the -inf sits in the row (row[h, t] = -inf for t > k_len - 1) and

@@ -5,7 +5,7 @@
 Times, call for call in turn in one process (shuffled each round, so that a slow spell of a shared
 machine falls on every path alike), plain SDPA, the default path (``alibi_attention``, which takes the
 reach from ``reach.MIN_KEYS`` keys) and the same path with the reach switched off; forward and
-forward+backward, both masks, float32, B = 1, H = 8, d = 64. Prints each path's median as a ratio to
+forward+backward, both masks, float32 (``--dtype``), B = 1, H = 8, d = 64. Prints each path's median as a ratio to
 plain SDPA, and the windows the reach gave the heads. ``--keep-denormals``: without flushing subnormal
 floats to zero (what a script that never calls ``alibi_ref.flush_denormals`` gets). Writes the rows to
 ``DIR/reach.jsonl`` and plots them, the ratio against N for each mask and pass, to ``DIR/reach.png``.
@@ -45,10 +45,11 @@ def paths(slopes, causal: bool) -> dict:
     return {"plain": plain, "reach": with_reach, "no_reach": without_reach}
 
 
-def time_paths(n: int, causal: bool, backward: bool, repeat: int, heads: int = 8, head_dim: int = 64) -> dict:
+def time_paths(n: int, causal: bool, backward: bool, repeat: int, heads: int = 8, head_dim: int = 64,
+               dtype=torch.float32) -> dict:
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, head_dim, generator=gen).requires_grad_(backward) for _ in range(3))
-    upstream = torch.randn(1, heads, n, head_dim, generator=gen)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=gen).to(dtype).requires_grad_(backward) for _ in range(3))
+    upstream = torch.randn(1, heads, n, head_dim, generator=gen).to(dtype)
     slopes = torch.tensor(get_slopes(heads), dtype=torch.float32)
     fns = paths(slopes, causal)
 
@@ -101,6 +102,7 @@ def main(argv=None) -> None:
     parser.add_argument("--min-keys", type=int, help=f"reach.MIN_KEYS for the reach path (default {reach.MIN_KEYS})")
     parser.add_argument("--shown", type=float,
                         help=f"reach.SHOWN_AT_MOST for the reach path (default {reach.SHOWN_AT_MOST})")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="of q, k and v")
     parser.add_argument("--output", type=Path, default=Path("reach"), help="where reach.jsonl and reach.png go")
     parser.add_argument("--keep-denormals", action="store_true", help="do not flush subnormal floats to zero")
     args = parser.parse_args(argv)
@@ -110,7 +112,7 @@ def main(argv=None) -> None:
     if not args.keep_denormals:
         flush_denormals()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, subnormals "
-          f"{'kept' if args.keep_denormals else 'flushed'}; ratios to plain SDPA (float32, B = 1, H = 8, d = 64)")
+          f"{'kept' if args.keep_denormals else 'flushed'}; ratios to plain SDPA ({args.dtype}, B = 1, H = 8, d = 64)")
     print(f"{'N':>6} {'causal':>6} {'pass':>8} {'plain ms':>9} {'reach':>6} {'no reach':>8}  windows (left, right)")
     args.output.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -119,7 +121,8 @@ def main(argv=None) -> None:
             for causal in (False, True):
                 for backward in (False, True):
                     row = {"n": n, "causal": causal, "backward": backward, "subnormals_kept": args.keep_denormals,
-                           **time_paths(n, causal, backward, args.repeat)}
+                           "dtype": args.dtype,
+                           **time_paths(n, causal, backward, args.repeat, dtype=getattr(torch, args.dtype))}
                     rows.append(row)
                     jsonl.write(json.dumps(row) + "\n")
                     windows = [w for w in row["windows"] or [] if w is not None]

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_attention import problems, to_torch
 
+import alibi_ref.reach as reach
 import alibi_ref.strided as strided
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
 from alibi_ref.attention import FEW_QUERIES, FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
@@ -343,7 +344,7 @@ def test_strided_float32_is_as_close_to_float64_as_the_materialised_bias_at_leng
     assert error < 5e-6, f"the strided path is off by {error:.2e} at N={n}"
 
 
-@pytest.mark.parametrize("block", [None, "split", 150], ids=["default", "split", "blocks"])
+@pytest.mark.parametrize("block", [None, "split", 150, "reach"], ids=["default", "split", "blocks", "reach"])
 def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
     """16-bit in and out, the bias added in float32: output and gradients within the inputs' own rounding.
 
@@ -358,9 +359,16 @@ def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
     if block == "split":
         monkeypatch.setattr(strided, "last_row_fits", lambda *args: False)
         block = None
+    if block == "reach":  # bfloat16 symmetric: the steep heads as windows (alibi_ref.reach), at any length
+        for subnormals in ("flushed", "kept"):
+            monkeypatch.setitem(reach.MIN_KEYS, subnormals, 0)
+            monkeypatch.setitem(reach.SHOWN_AT_MOST, subnormals, 10)
+        block = None
     gen = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, 8, 600, 32, generator=gen) for _ in range(4))
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
+    taken = reach.reach_windows(q.bfloat16(), k.bfloat16(), slopes, 32**-0.5, False, 1, None)
+    assert (taken is not None) == (block is None and reach.MIN_KEYS["kept"] == 0), taken
     for causal in (True, False):
         leaves = [x.double().requires_grad_() for x in (q, k, v)]
         reference = alibi_attention(*leaves, slopes.double(), causal=causal)
