@@ -45,6 +45,8 @@ VARIANTS = {
     "positions": ("flex with explicit positions and a key padding mask (all real here): read in the kernel",
                   None, True),
     "sdpa_positions": ("the same on alibi_attention(impl='sdpa'), which builds the (B, H, i, j) bias", None, True),
+    "flex_reach": ("the library's score_mod and a block mask per head that skips the tiles beyond each head's reach "
+                   "(alibi_ref.reach; read from q and k at each call, the mask kept per reach)", None, False),
     "key_term_only": ("causal: + m j, the query's term -m i' dropped (softmax is shift-invariant per row)",
                       True, False),
     "rows_safe": ("kernel_options ROWS_GUARANTEED_SAFE (every query keeps a key); causal: BLOCKS_ARE_CONTIGUOUS",
@@ -78,6 +80,36 @@ def key_term_only(slopes):
         return score + slopes[h] * kv_idx
 
     return key_term
+
+
+def reach_block_mask(slopes, causal: bool):
+    """A function (q, k) -> FlexAttention block mask hiding the keys beyond each head's reach (``alibi_ref.reach``:
+    they hold under eps / 8 of any row's weight) and, causal, the keys ahead. The reach is read from q and k at
+    each call (a device sync, counted in the time), rounded up to 128 keys, and a mask kept per rounded reach."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from alibi_ref.reach import head_reach
+
+    masks = {}
+
+    def block_mask(q, k):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        reach = [k_len if r is None else min(k_len, -(-r // 128) * 128)
+                 for r in head_reach(q, k, slopes, q.shape[-1] ** -0.5, q.shape[-3] // k.shape[-3])]
+        key = (tuple(reach), q_len, k_len)
+        if key not in masks:
+            limit = torch.tensor(reach, device=q.device).repeat_interleave(q.shape[-3] // k.shape[-3])  # (H,)
+            offset = k_len - q_len
+
+            def near(b, h, q_idx, kv_idx):
+                behind = q_idx + offset - kv_idx  # i' - j
+                seen = (behind <= limit[h]) & (behind >= -limit[h])
+                return seen & (behind >= 0) if causal else seen
+
+            masks[key] = create_block_mask(near, None, q.shape[-3], q_len, k_len, device=q.device)
+        return masks[key]
+
+    return block_mask
 
 
 def kernel_options(variant: str, causal: bool) -> dict | None:
@@ -160,12 +192,16 @@ def attention(variant: str, slopes, causal: bool):
     else:
         attend = _compiled_flex_attention()
 
+    reach_mask = reach_block_mask(slopes, causal) if variant == "flex_reach" else None
+
     def flex(q, k, v):
         q_len, k_len = q.shape[-2], k.shape[-2]
         offset = _offset(q_len, k_len, q.device)
         score_mod = (None if variant == "flex_no_bias" else key_term_only(slopes) if variant == "key_term_only"
                      else alibi_score_mod(slopes, offset, behind_only=causal))
         mask = _causal_block_mask(q_len, k_len, q.device) if causal and q_len > 1 else None  # as the library
+        if reach_mask is not None:
+            mask = reach_mask(q, k)
         return attend(q, k, v, score_mod=score_mod, block_mask=mask, kernel_options=kernel_options(variant, causal))
 
     return flex
