@@ -28,9 +28,9 @@ set its figure): the first five or six heads each see a window of 2 D + 1 keys i
 
 ``strided_alibi_attention`` runs those heads as a sliding window (its ``window`` path), each alone,
 and the rest together as before, where that measured faster (``MIN_KEYS``, ``SHOWN_AT_MOST``): from
-4096 keys for a head whose window halves its work, or, where subnormal floats are computed rather than
-flushed, from 1024 keys for any head whose window hides a key, since the keys left out are the ones
-whose terms are subnormal. In float32 and float64, and in bfloat16 without a causal mask (a causal 16-bit
+4096 keys for a head whose window halves its work; or, where subnormal floats are computed rather than
+flushed, from 1024 keys for such a head and for any head whose bias falls below e^-87 within the keys,
+whose far keys' terms would be subnormal. In float32 and float64, and in bfloat16 without a causal mask (a causal 16-bit
 call runs as one kernel call, which the windowed heads' calls were slower than). Not where the slopes are
 learned (the bound would have to hold for their gradient too), with dropout, or under torch.compile (the
 bound reads the values).
@@ -45,13 +45,14 @@ import torch
 from .denormals import subnormals_flushed
 
 # Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
-# MIN_KEYS keys, and for the heads whose kernel calls are shown at most SHOWN_AT_MOST of all keys (each
-# call: its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and their window's width). Flushed, the
-# reach only saves work, which pays from 4096 keys where it halves a head's; kept, it also spares the
-# steep heads' subnormal terms, which pays from 1024 keys wherever a window hides any key (figures:
-# docs/performance.md, "Each head's reach")
+# MIN_KEYS keys, for the heads whose kernel calls are shown at most SHOWN_AT_MOST of all keys (each call:
+# its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and the window's width), where the window at
+# least halves a head's work; and, with subnormals kept, for the heads whose bias falls below
+# -SUBNORMAL_LOGIT within the keys: e^-87.3 is float32's smallest normal number, so their far keys' terms
+# would be subnormal, which the window spares (figures: docs/performance.md, "Each head's reach")
 MIN_KEYS = {"flushed": 4096, "kept": 1024}
-SHOWN_AT_MOST = {"flushed": 0.5, "kept": 1.0}
+SHOWN_AT_MOST = 0.5
+SUBNORMAL_LOGIT = -math.log(torch.finfo(torch.float32).tiny)
 _CALL_ROWS = 256
 
 
@@ -65,16 +66,19 @@ def head_reach(q, k, slopes, scale: float, groups: int) -> list[int | None]:
     eps = min(torch.finfo(torch.float32).eps, torch.finfo(q.dtype).eps)
     q_longest = q.detach().float().norm(dim=-1).amax(dim=(0, 2)).view(-1, groups).amax(-1)  # (H_kv,)
     k_longest = k.detach().float().norm(dim=-1).amax(dim=(0, 2))  # (H_kv,)
-    # the flattest slope of each KV head's group reaches furthest
-    flattest = slopes.detach().float().view(-1, groups).amin(-1)  # (H_kv,)
     reach = []
-    for m, q_max, k_max in zip(flattest.tolist(), q_longest.tolist(), k_longest.tolist(), strict=True):
+    for m, q_max, k_max in zip(_flattest(slopes, groups), q_longest.tolist(), k_longest.tolist(), strict=True):
         if not m > 0:
             reach.append(None)
             continue
         logits = 2 * abs(scale) * q_max * k_max + math.log(n_keys) + math.log(8 / eps)
         reach.append(math.ceil(logits / m) if math.isfinite(logits) else None)
     return reach
+
+
+def _flattest(slopes, groups: int) -> list[float]:
+    """Per KV head, the flattest slope of its query heads: the one that reaches furthest."""
+    return slopes.detach().float().view(-1, groups).amin(-1).tolist()
 
 
 def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window) -> list | None:
@@ -92,7 +96,7 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
         return None
     left, right = window or (None, None)
     windows = []
-    for reach in head_reach(q, k, slopes, scale, groups):
+    for reach, m in zip(head_reach(q, k, slopes, scale, groups), _flattest(slopes, groups), strict=True):
         if reach is None:
             windows.append(None)
             continue
@@ -100,6 +104,7 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
         narrows = hides_a_key and (left is None or reach < left or (not causal and (right is None or reach < right)))
         narrowed = (reach if left is None else min(left, reach),
                     0 if causal else reach if right is None else min(right, reach))
-        shown = _CALL_ROWS + narrowed[0] + narrowed[1]  # keys each of its kernel calls is shown
-        windows.append(narrowed if narrows and shown <= SHOWN_AT_MOST[subnormals] * k_len else None)
+        halves_the_work = _CALL_ROWS + narrowed[0] + narrowed[1] <= SHOWN_AT_MOST * k_len  # keys a call is shown
+        spares_subnormals = subnormals == "kept" and m * (k_len - 1) > SUBNORMAL_LOGIT
+        windows.append(narrowed if narrows and (halves_the_work or spares_subnormals) else None)
     return windows if any(w is not None for w in windows) else None

@@ -106,9 +106,10 @@ def main(argv=None) -> None:
     parser.add_argument("--output", type=Path, default=Path("reach"), help="where reach.jsonl and reach.png go")
     parser.add_argument("--keep-denormals", action="store_true", help="do not flush subnormal floats to zero")
     args = parser.parse_args(argv)
-    for setting, value in ((reach.MIN_KEYS, args.min_keys), (reach.SHOWN_AT_MOST, args.shown)):
-        if value is not None:  # a tuning run: the same for both states
-            setting.update(flushed=value, kept=value)
+    if args.min_keys is not None:  # a tuning run: the same for both states
+        reach.MIN_KEYS.update(flushed=args.min_keys, kept=args.min_keys)
+    if args.shown is not None:
+        reach.SHOWN_AT_MOST = args.shown
     if not args.keep_denormals:
         flush_denormals()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, subnormals "

@@ -362,7 +362,7 @@ def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
     if block == "reach":  # bfloat16 symmetric: the steep heads as windows (alibi_ref.reach), at any length
         for subnormals in ("flushed", "kept"):
             monkeypatch.setitem(reach.MIN_KEYS, subnormals, 0)
-            monkeypatch.setitem(reach.SHOWN_AT_MOST, subnormals, 10)
+        monkeypatch.setattr(reach, "SHOWN_AT_MOST", 10)
         block = None
     gen = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, 8, 600, 32, generator=gen) for _ in range(4))

@@ -68,7 +68,6 @@ def test_grouped_query_heads_share_the_reach_of_their_flattest_slope_and_longest
 def reach_from_any_length(monkeypatch):
     for subnormals in ("flushed", "kept"):
         monkeypatch.setitem(reach.MIN_KEYS, subnormals, 0)
-        monkeypatch.setitem(reach.SHOWN_AT_MOST, subnormals, 0.5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -126,3 +125,15 @@ def test_the_reach_is_taken_only_where_it_is_measured_and_exact():
     more_queries = reach_windows(torch.randn(1, 8, n + 1, 64), k, slopes, 0.125, True, 1, None)
     narrow = reach_windows(q, k, slopes, 0.125, False, 1, (8, 8))  # the window already narrower than any reach
     assert (short, learned, half, more_queries, narrow) == (None,) * 5
+
+
+@pytest.mark.parametrize("flushed", [True, False])
+def test_with_subnormals_kept_a_head_whose_bias_falls_below_float32s_normals_is_narrowed_even_where_little_is_saved(
+        reach_from_any_length, monkeypatch, flushed):
+    monkeypatch.setattr(reach, "subnormals_flushed", lambda: flushed)
+    q, k = torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64)
+    # reach about 420 and 1700 keys: windows of 2 x 420 keys (plus a call's 256 rows) do not halve the work
+    slopes = torch.tensor([1 / 8, 1 / 32])
+    windows = reach_windows(q, k, slopes, 0.125, False, 1, None)
+    # e^(-1023 / 8) is far below float32's smallest normal e^-87.3, e^(-1023 / 32) is not
+    assert windows == (None if flushed else [(windows[0][0], windows[0][0]), None]), windows
