@@ -29,11 +29,11 @@ set its figure): the first five or six heads each see a window of 2 D + 1 keys i
 ``strided_alibi_attention`` runs those heads as a sliding window (its ``window`` path), each alone,
 and the rest together as before, where that measured faster (``MIN_KEYS``, ``SHOWN_AT_MOST``): from
 4096 keys for a head whose window halves its work; or, where subnormal floats are computed rather than
-flushed, from 1024 keys for such a head and for any head whose bias falls below e^-87 within the keys,
-whose far keys' terms would be subnormal. In float32 and float64, and in bfloat16 without a causal mask (a causal 16-bit
-call runs as one kernel call, which the windowed heads' calls were slower than). Not where the slopes are
-learned (the bound would have to hold for their gradient too), with dropout, or under torch.compile (the
-bound reads the values).
+flushed, from 1024 keys for such a head and for any head whose bias falls below -87.3 within the keys
+(e^-87.3 is float32's smallest normal number), whose far keys' terms would be subnormal. In float32 and
+float64, and in bfloat16 without a causal mask (a causal 16-bit call runs as one kernel call, which the
+windowed heads' calls were slower than). Not where the slopes are learned (the bound would have to hold
+for their gradient too), with dropout, or under torch.compile (the bound reads the values).
 """
 
 from __future__ import annotations
