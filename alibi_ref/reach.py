@@ -28,12 +28,13 @@ set its figure): the first five or six heads each see a window of 2 D + 1 keys i
 
 ``strided_alibi_attention`` runs those heads as a sliding window (its ``window`` path), each alone,
 and the rest together as before, where that measured faster (``MIN_KEYS``, ``SHOWN_AT_MOST``): from
-4096 keys for a head whose window halves its work; or, where subnormal floats are computed rather than
-flushed, from 1024 keys for such a head and for any head whose bias falls below -87.3 within the keys
-(e^-87.3 is float32's smallest normal number), whose far keys' terms would be subnormal. In float32 and
-float64, and in bfloat16 without a causal mask (a causal 16-bit call runs as one kernel call, which the
-windowed heads' calls were slower than). Not where the slopes are learned (the bound would have to hold
-for their gradient too), with dropout, or under torch.compile (the bound reads the values).
+4096 keys (2048 without a causal mask) for a head whose window halves its work; or, where subnormal
+floats are computed rather than flushed, from 1024 keys for such a head and for any head whose bias
+falls below -87.3 within the keys (e^-87.3 is float32's smallest normal number), whose far keys' terms
+would be subnormal. In float32 and float64, and in bfloat16 without a causal mask (a causal 16-bit call
+runs as one kernel call, which the windowed heads' calls were slower than). Not where the slopes are
+learned (the bound would have to hold for their gradient too), with dropout, or under torch.compile
+(the bound reads the values).
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ import torch
 from .denormals import subnormals_flushed
 
 # Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
-# MIN_KEYS keys, for the heads whose kernel calls are shown at most SHOWN_AT_MOST of all keys (each call:
-# its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and the window's width), where the window at
-# least halves a head's work; and, with subnormals kept, for the heads whose bias falls below
-# -SUBNORMAL_LOGIT within the keys: e^-87.3 is float32's smallest normal number, so their far keys' terms
-# would be subnormal, which the window spares (figures: docs/performance.md, "Each head's reach")
-MIN_KEYS = {"flushed": 4096, "kept": 1024}
+# MIN_KEYS keys (per state and mask), for the heads whose kernel calls are shown at most SHOWN_AT_MOST of
+# all keys (each call: its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and the window's width),
+# where the window at least halves a head's work; and, with subnormals kept, for the heads whose bias
+# falls below -SUBNORMAL_LOGIT within the keys: e^-87.3 is float32's smallest normal number, so their far
+# keys' terms would be subnormal, which the window spares (figures: docs/performance.md, "Each head's reach")
+MIN_KEYS = {("flushed", "causal"): 4096, ("flushed", "symmetric"): 2048,
+            ("kept", "causal"): 1024, ("kept", "symmetric"): 1024}
 SHOWN_AT_MOST = 0.5
 SUBNORMAL_LOGIT = -math.log(torch.finfo(torch.float32).tiny)
 _CALL_ROWS = 256
@@ -92,7 +94,7 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
             or torch.compiler.is_compiling() or (slopes.requires_grad and torch.is_grad_enabled())):
         return None
     subnormals = "flushed" if subnormals_flushed() else "kept"
-    if k_len < MIN_KEYS[subnormals]:
+    if k_len < MIN_KEYS[subnormals, "causal" if causal else "symmetric"]:
         return None
     left, right = window or (None, None)
     windows = []

@@ -33,7 +33,7 @@ def paths(slopes, causal: bool) -> dict:
 
     def without_reach(q, k, v):
         kept = dict(reach.MIN_KEYS)
-        reach.MIN_KEYS.update(flushed=float("inf"), kept=float("inf"))
+        reach.MIN_KEYS.update(dict.fromkeys(kept, float("inf")))
         try:
             return alibi_attention(q, k, v, slopes, causal=causal)
         finally:
@@ -106,8 +106,8 @@ def main(argv=None) -> None:
     parser.add_argument("--output", type=Path, default=Path("reach"), help="where reach.jsonl and reach.png go")
     parser.add_argument("--keep-denormals", action="store_true", help="do not flush subnormal floats to zero")
     args = parser.parse_args(argv)
-    if args.min_keys is not None:  # a tuning run: the same for both states
-        reach.MIN_KEYS.update(flushed=args.min_keys, kept=args.min_keys)
+    if args.min_keys is not None:  # a tuning run: the same for both states and masks
+        reach.MIN_KEYS.update(dict.fromkeys(reach.MIN_KEYS, args.min_keys))
     if args.shown is not None:
         reach.SHOWN_AT_MOST = args.shown
     if not args.keep_denormals:

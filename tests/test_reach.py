@@ -66,8 +66,8 @@ def test_grouped_query_heads_share_the_reach_of_their_flattest_slope_and_longest
 
 @pytest.fixture
 def reach_from_any_length(monkeypatch):
-    for subnormals in ("flushed", "kept"):
-        monkeypatch.setitem(reach.MIN_KEYS, subnormals, 0)
+    for setting in reach.MIN_KEYS:
+        monkeypatch.setitem(reach.MIN_KEYS, setting, 0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -114,7 +114,7 @@ def test_float32_with_the_worst_case_q_and_k_stays_as_close_to_float64_as_the_ma
 
 def test_the_reach_is_taken_only_where_it_is_measured_and_exact():
     slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
-    n = reach.MIN_KEYS["flushed" if subnormals_flushed() else "kept"]  # this process's state
+    n = reach.MIN_KEYS["flushed" if subnormals_flushed() else "kept", "causal"]  # this process's state
     q, k = torch.randn(1, 8, n, 64), torch.randn(1, 8, n, 64)
     windows = reach_windows(q, k, slopes, 0.125, True, 1, None)
     assert windows[0] is not None and windows[-1] is None, windows  # steep heads narrowed, flat ones not
@@ -137,3 +137,14 @@ def test_with_subnormals_kept_a_head_whose_bias_falls_below_float32s_normals_is_
     windows = reach_windows(q, k, slopes, 0.125, False, 1, None)
     # e^(-1023 / 8) is far below float32's smallest normal e^-87.3, e^(-1023 / 32) is not
     assert windows == (None if flushed else [(windows[0][0], windows[0][0]), None]), windows
+
+
+def test_with_subnormals_flushed_the_reach_starts_at_fewer_keys_without_a_causal_mask(monkeypatch):
+    monkeypatch.setattr(reach, "subnormals_flushed", lambda: True)
+    n = reach.MIN_KEYS["flushed", "symmetric"]
+    assert n < reach.MIN_KEYS["flushed", "causal"]
+    q, k = torch.randn(1, 8, n, 64), torch.randn(1, 8, n, 64)
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
+    assert reach_windows(q, k, slopes, 0.125, False, 1, None) is not None
+    assert reach_windows(q, k, slopes, 0.125, True, 1, None) is None
+    assert reach_windows(q[..., 1:, :], k[..., 1:, :], slopes, 0.125, False, 1, None) is None
