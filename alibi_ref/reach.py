@@ -47,7 +47,7 @@ from .denormals import subnormals_flushed
 
 # Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
 # MIN_KEYS keys (per state and mask), for the heads whose kernel calls are shown at most SHOWN_AT_MOST of
-# all keys (each call: its _CALL_ROWS reversed query rows, strided.WINDOW_ROWS, and the window's width),
+# all keys (each call: its strided.WINDOW_ROWS reversed query rows and the window's width),
 # where the window at least halves a head's work; and, with subnormals kept, for the heads whose bias
 # falls below -SUBNORMAL_LOGIT within the keys: e^-87.3 is float32's smallest normal number, so their far
 # keys' terms would be subnormal, which the window spares (figures: docs/performance.md, "Each head's reach")
@@ -55,7 +55,6 @@ MIN_KEYS = {("flushed", "causal"): 4096, ("flushed", "symmetric"): 2048,
             ("kept", "causal"): 1024, ("kept", "symmetric"): 1024}
 SHOWN_AT_MOST = 0.5
 SUBNORMAL_LOGIT = -math.log(torch.finfo(torch.float32).tiny)
-_CALL_ROWS = 256
 
 
 def head_reach(q, k, slopes, scale: float, groups: int) -> list[int | None]:
@@ -93,6 +92,8 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
     if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu" or not measured
             or torch.compiler.is_compiling() or (slopes.requires_grad and torch.is_grad_enabled())):
         return None
+    from .strided import WINDOW_ROWS  # the rows of each windowed head's kernel call (strided imports this module)
+
     subnormals = "flushed" if subnormals_flushed() else "kept"
     if k_len < MIN_KEYS[subnormals, "causal" if causal else "symmetric"]:
         return None
@@ -106,7 +107,7 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
         narrows = hides_a_key and (left is None or reach < left or (not causal and (right is None or reach < right)))
         narrowed = (reach if left is None else min(left, reach),
                     0 if causal else reach if right is None else min(right, reach))
-        halves_the_work = _CALL_ROWS + narrowed[0] + narrowed[1] <= SHOWN_AT_MOST * k_len  # keys a call is shown
+        halves_the_work = WINDOW_ROWS + narrowed[0] + narrowed[1] <= SHOWN_AT_MOST * k_len  # keys a call is shown
         spares_subnormals = subnormals == "kept" and m * (k_len - 1) > SUBNORMAL_LOGIT
         windows.append(narrowed if narrows and (halves_the_work or spares_subnormals) else None)
     return windows if any(w is not None for w in windows) else None

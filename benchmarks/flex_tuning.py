@@ -199,9 +199,10 @@ def attention(variant: str, slopes, causal: bool):
         offset = _offset(q_len, k_len, q.device)
         score_mod = (None if variant == "flex_no_bias" else key_term_only(slopes) if variant == "key_term_only"
                      else alibi_score_mod(slopes, offset, behind_only=causal))
-        mask = _causal_block_mask(q_len, k_len, q.device) if causal and q_len > 1 else None  # as the library
         if reach_mask is not None:
             mask = reach_mask(q, k)
+        else:
+            mask = _causal_block_mask(q_len, k_len, q.device) if causal and q_len > 1 else None  # as the library
         return attend(q, k, v, score_mod=score_mod, block_mask=mask, kernel_options=kernel_options(variant, causal))
 
     return flex
