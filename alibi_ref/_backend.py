@@ -118,6 +118,8 @@ def as_like(x, like, dtype):
     if is_tensor(like):
         import torch
 
+        if is_tensor(x) and x.device == like.device and (dtype is None or x.dtype == dtype):
+            return x  # as it is: each torch call before the kernel's costs some microseconds
         x = torch.as_tensor(x, device=like.device)
         return x if dtype is None else x.to(dtype)
     if is_jax(like):

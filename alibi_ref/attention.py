@@ -93,7 +93,8 @@ def _sdpa_attention(q, k, v, bias, scale: float, groups: int, dropout_p: float =
 
     if bias.ndim < q.ndim:  # (H, i, j) -> (1.., H, i, j)
         bias = bias.reshape((1,) * (q.ndim - bias.ndim) + tuple(bias.shape))
-    bias = bias.to(q.dtype)
+    if bias.dtype != q.dtype:
+        bias = bias.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1,
                                           dropout_p=dropout_p)
 
@@ -339,7 +340,7 @@ def alibi_attention(
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p, window=window)
     # torch's kernel reads the bias in q's dtype: kept in it, not cast at every call (naive adds it in float32)
     dtype = q.dtype if chosen == "sdpa" and is_tensor(q) else None
-    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window, dtype)  # (H, i, j)
+    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window, dtype, q.ndim)  # (1.., H, i, j)
     # a window never hides a query's own position; but with more queries than keys the first queries' positions
     # lie before the first key, and a window can leave them none
     return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,
@@ -356,8 +357,9 @@ def _check_dropout(dropout_p, q) -> float:
     return dropout_p
 
 
-def _plain_bias(slopes, q_len: int, k_len: int, causal: bool, window, dtype):
-    return alibi_bias(slopes, q_len, k_len, causal=causal, window=window, dtype=dtype)
+def _plain_bias(slopes, q_len: int, k_len: int, causal: bool, window, dtype, rank: int):
+    bias = alibi_bias(slopes, q_len, k_len, causal=causal, window=window, dtype=dtype)  # (H, i, j)
+    return bias.reshape((1,) * (rank - 3) + tuple(bias.shape))  # q's rank, as torch's kernel wants it
 
 
 def _with_bias(q, k, v, bias, scale: float, groups: int, chosen: str, return_weights: bool, dtypes,

@@ -97,8 +97,8 @@ def test_numpy_slopes_build_their_own():
 
 
 def test_auto_on_the_cpu_reads_a_kept_bias_while_it_is_small_and_the_strided_row_beyond():
-    """Up to KEPT_BIAS_NUMBERS numbers (H i j) the kept (H, i, j) bias, in q's dtype; beyond it, with slopes that
-    take a gradient, with padding or a window, the strided path's row (docs/performance.md)."""
+    """Up to KEPT_BIAS_NUMBERS numbers (H i j) the kept (1, H, i, j) bias, at q's rank and in its dtype; beyond it,
+    with slopes that take a gradient, with padding or a window, the strided path's row (docs/performance.md)."""
     heads = 8
     largest = int((KEPT_BIAS_NUMBERS / heads) ** 0.5)
     slopes = slopes_of(heads, torch.float32)
@@ -109,8 +109,9 @@ def test_auto_on_the_cpu_reads_a_kept_bias_while_it_is_small_and_the_strided_row
         alibi_attention(q, k, v, slopes, **options)
         return [(key[0].__name__, tuple(made.shape), made.dtype) for key, made in kept_module._kept.items()]
 
-    assert built(largest) == [("_plain_bias", (heads, largest, largest), torch.float32)]
-    assert built(largest, torch.bfloat16, causal=True) == [("_plain_bias", (heads, largest, largest), torch.bfloat16)]
+    assert built(largest) == [("_plain_bias", (1, heads, largest, largest), torch.float32)]
+    assert built(largest, torch.bfloat16, causal=True) == [("_plain_bias", (1, heads, largest, largest),
+                                                            torch.bfloat16)]
     assert built(largest + 1) == [("bias_row", (heads, 2 * largest + 1), torch.float32)]
     assert built(200, window=(16, 16)) == [("bias_row", (heads, 399), torch.float32)]
     assert built(200, slopes=slopes.clone().requires_grad_()) == [("bias_row", (heads, 399), torch.float32)]
