@@ -118,6 +118,23 @@ def cmd_bench(args) -> None:
     print(f"\nwritten to {args.output}/: bench.json, bench.png")
 
 
+def cmd_build_kernel(args) -> None:
+    from . import fused
+
+    if fused.available():
+        print(f"the fused CPU kernel is built: {fused.kernel_dir()}")
+        return
+    print("building the fused CPU kernel for this machine (about 25 s, once) ...", flush=True)
+    try:
+        fused.build(verbose=args.verbose)
+    except RuntimeError as failed:
+        if not args.optional:
+            raise SystemExit(str(failed)) from None
+        print(f"WARNING: {failed}\nalibi_attention runs its other CPU paths instead (see alibi_ref.fused)")
+        return
+    print(f"built: {fused.kernel_dir()}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m alibi_ref", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +194,11 @@ def main(argv=None) -> None:
                    help="time with glibc malloc's defaults, which fault freed buffers back in "
                         "(see alibi_ref.lab.bench)")
     p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("build-kernel", help="build the fused CPU kernel for this machine (alibi_ref.fused)")
+    p.add_argument("--optional", action="store_true", help="where it cannot be built, warn and exit 0")
+    p.add_argument("--verbose", action="store_true", help="show the compiler's commands")
+    p.set_defaults(run=cmd_build_kernel)
 
     args = parser.parse_args(argv)
     try:

@@ -25,7 +25,7 @@ from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_hea
 from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
 from .kept import fits, keepable, kept
 
-IMPLS = ("auto", "naive", "sdpa", "strided", "flex")
+IMPLS = ("auto", "naive", "sdpa", "strided", "flex", "fused")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
 FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
@@ -185,6 +185,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if window and dims.q_len > dims.k_len:
         return "sdpa"  # a window can leave the first queries no key: sdpa zeroes their rows (strided refuses them)
     if q.device.type != "cuda":
+        if _fused_takes(q, v, dims, positional, dropout):
+            return "fused"
         if dims.k_len < STRIDED_MIN_LEN or (bias_kept and not positional and not window):
             return "sdpa"
         # with padding each batch row has its own bias: no bias shared by the batch to beat strided's copies of q
@@ -198,12 +200,25 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     return "flex" if long_enough and flex_available() and not dropout else "sdpa"
 
 
+def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool) -> bool:
+    """Whether "auto" takes the fused CPU kernel: where it is built (``alibi_ref.fused``) and takes the call;
+    from STRIDED_MIN_LEN keys, and below that where a gradient will be taken (forward+backward it ran faster
+    than plain SDPA there, forward alone slower: docs/performance.md); not for a few queries (a decoding step),
+    where the bias's few rows cost less than the kernel's blocks."""
+    from . import fused
+
+    if dims.q_len <= FEW_QUERIES or fused.refusal(q, q if v is None else v, float(dropout), positional) is not None:
+        return False
+    training = fused.torch.is_grad_enabled() and (q.requires_grad or (v is not None and v.requires_grad))
+    return (dims.k_len >= STRIDED_MIN_LEN or training) and fused.available()
+
+
 def check_impl(impl: str, dropout: bool = False) -> None:
     """A ValueError for an unknown path, or for flex with attention dropout, which it does not do."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-    if dropout and impl == "flex":
-        raise ValueError("impl='flex' has no attention dropout; use 'sdpa', 'strided' or 'naive'")
+    if dropout and impl in ("flex", "fused"):
+        raise ValueError(f"impl={impl!r} has no attention dropout; use 'sdpa', 'strided' or 'naive'")
 
 
 def bias_is_kept(slopes, dims: Dims) -> bool:
@@ -314,6 +329,15 @@ def alibi_attention(
     per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
     chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
                          window is not None, bias_is_kept(slopes, dims))
+    if chosen == "fused":
+        from .fused import fused_alibi_attention, refusal
+
+        why = refusal(q, v, dropout_p, per_row is not None, return_weights)
+        if why is None and window is not None and dims.q_len > dims.k_len:
+            why = "a window can leave the first queries, before the first key, no key at all"
+        if why is not None:
+            raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
+        return fused_alibi_attention(q, k, v, slopes, scale, causal, groups, window)
     if chosen == "flex":
         from .flex import flex_alibi_attention
 

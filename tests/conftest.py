@@ -26,6 +26,13 @@ def device(request) -> torch.device:
 
 
 @pytest.fixture
+def without_fused_kernel(monkeypatch):
+    """``impl="auto"`` as where the fused CPU kernel is not built (ALIBI_REF_FUSED=0, alibi_ref.fused): for the
+    tests of the other CPU paths' own rules, which "auto" follows there (and for 16-bit inputs everywhere)."""
+    monkeypatch.setenv("ALIBI_REF_FUSED", "0")
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 

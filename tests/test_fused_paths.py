@@ -330,6 +330,7 @@ def test_strided_gradients_match_finite_differences(causal, q_len, block):
         lambda q, k, v: strided_alibi_attention(q, k, v, slopes, 0.4, causal, 2, block), (q, k, v))
 
 
+@pytest.mark.usefixtures("without_fused_kernel")
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("heads", [8, 12])
 def test_strided_float32_is_as_close_to_float64_as_the_materialised_bias_at_length_4096(causal, heads):
@@ -386,6 +387,7 @@ def test_strided_runs_16_bit_inputs_forward_and_backward(monkeypatch, block):
                 assert error < grad_bound, f"{dtype}, causal={causal}: d{name} off by {error:.2e}"
 
 
+@pytest.mark.usefixtures("without_fused_kernel")
 def test_causal_16_bit_calls_run_as_one_kernel_call_while_the_shift_rounds_below_their_precision(kernel_calls):
     def fits(dtype=torch.bfloat16, n=600, k_len=None, d_v=32, dropout_p=0.0, causal=True, slope=0.5):
         q = torch.zeros(2, 8, n, 32, dtype=dtype)
@@ -437,6 +439,7 @@ def test_causal_blocks_are_768_rows_against_many_keys_else_a_quarter_of_the_quer
     assert causal_block(16384, 2000) == 256 and causal_block(1, 4096) == 768
 
 
+@pytest.mark.usefixtures("without_fused_kernel")
 def test_auto_picks_the_fused_path_for_its_device():
     for n, expected in [(1, "sdpa"), (STRIDED_MIN_LEN - 1, "sdpa"), (STRIDED_MIN_LEN, "strided"),
                         (FUSED_MIN_LEN - 1, "strided"), (4096, "strided")]:

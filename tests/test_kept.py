@@ -96,6 +96,7 @@ def test_numpy_slopes_build_their_own():
     assert isinstance(out, np.ndarray) and not kept_module._kept
 
 
+@pytest.mark.usefixtures("without_fused_kernel")
 def test_auto_on_the_cpu_reads_a_kept_bias_while_it_is_small_and_the_strided_row_beyond():
     """Up to KEPT_BIAS_NUMBERS numbers (H i j) the kept (1, H, i, j) bias, at q's rank and in its dtype; beyond it,
     with slopes that take a gradient, with padding or a window, the strided path's row (docs/performance.md)."""

@@ -433,6 +433,7 @@ def test_a_window_block_is_shown_exactly_the_keys_its_rows_see(q_len, more_keys,
         assert (np.isfinite(alibi_bias(np.ones(1), q_len, k_len, causal=causal, window=(left, right))[0])
                 == (rel >= 0 if causal else True)).all()
 
+@pytest.mark.usefixtures("without_fused_kernel")
 def test_auto_takes_the_strided_path_for_a_window_on_the_cpu(monkeypatch):
     """From STRIDED_MIN_LEN keys, as without a window (the bias it replaces costs H i j numbers and computes every
     key: docs/performance.md); sdpa where a query could see no key, and for a decoding step."""

@@ -1,0 +1,326 @@
+// ALiBi attention on the CPU with the bias computed where the scores are: alibi_ref/fused.py says why and how.
+//
+// Flash attention (Dao et al., 2022) in blocks of queries i and keys j, per batch row b and head h:
+//   s_ij = scale q_i . k_j - m_h |p_i - p_j|,   p_i = i + (k_len - q_len), p_j = j
+//   o_i  = sum_j softmax_j(s_ij) v_j            (causal: over p_j <= p_i only)
+// The scores of a block come from one BLAS product; the bias is added to them in the pass that takes the
+// row's maximum, so no bias is ever read from memory. The backward pass recomputes each block's weights
+// from the forward's log-sum-exp and gives dq, dk, dv and each head's slope gradient.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+// BLAS is column-major: a row-major (r x c) matrix is its column-major (c x r) transpose, so each
+// row-major product below is the column-major product of the transposes, operands swapped.
+inline void blas(const char* ta, const char* tb, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc) {
+  sgemm_(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+inline void blas(const char* ta, const char* tb, int m, int n, int k, double alpha, const double* a, int lda,
+                 const double* b, int ldb, double beta, double* c, int ldc) {
+  dgemm_(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+// row-major C (m x n) = alpha A B^T + beta C, A (m x k), B (n x k)
+template <typename T>
+void times_transposed(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
+                      int ldc) {
+  blas("T", "N", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+// row-major C (m x n) = alpha A B + beta C, A (m x k), B (k x n)
+template <typename T>
+void times(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
+  blas("N", "N", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+// row-major C (m x n) = alpha A^T B + beta C, A (k x m), B (k x n)
+template <typename T>
+void transposed_times(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
+                      int ldc) {
+  blas("N", "T", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+}
+
+// e^x for x <= 0, 0 below float's smallest normal number (a weight that small is below any row's rounding,
+// and a subnormal one would slow the products that read it), NaN kept. Cephes' expf: x = n ln 2 + f with
+// |f| <= ln 2 / 2, e^f by its degree-7 polynomial, 2^n by the exponent bits; written so the loop vectorises.
+inline float exp_weight(float x) {
+  const float clamped = x < -87.0f ? -87.0f : x;
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  const float f = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  p = p * f * f + f + 1.0f;
+  const int bits = (static_cast<int>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const float e = p * two_n;
+  return x != x ? x : (x < -87.0f ? 0.0f : e);
+}
+inline double exp_weight(double x) { return x < -708.0 ? 0.0 : std::exp(x); }
+
+constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
+
+struct Shape {
+  int64_t batch, heads, groups, q_len, k_len, d, offset;  // offset: the position of query 0, k_len - q_len
+};
+
+// The keys a head's queries see: p_i - left <= p_j <= p_i + right (a sliding window, or each head's reach:
+// alibi_ref.reach; causal is right = 0; no limit is k_len).
+struct Seen {
+  int64_t left, right;
+  // keys [first, last) that some query of block [i0, i0 + rows) sees
+  int64_t first(const Shape& sh, int64_t i0) const { return std::max<int64_t>(0, i0 + sh.offset - left); }
+  int64_t last(const Shape& sh, int64_t i0, int64_t rows) const {
+    return std::min(sh.k_len, i0 + rows - 1 + sh.offset + right + 1);
+  }
+  // the columns [lo, hi) of block [j0, j0 + cols) that query i sees (lo >= hi: none)
+  void columns(const Shape& sh, int64_t i, int64_t j0, int64_t cols, int64_t& lo, int64_t& hi) const {
+    lo = std::max<int64_t>(0, i + sh.offset - left - j0);
+    hi = std::min(cols, i + sh.offset + right - j0 + 1);
+    hi = std::max(lo, hi);
+  }
+};
+
+// (B, H, n, d) with a unit stride along d; rows, heads and batch at any stride
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t sb, sh, sn;
+  Rows(const torch::Tensor& x)
+      : data(x.data_ptr<T>()), sb(x.stride(0)), sh(x.stride(1)), sn(x.stride(2)) {}
+  T* at(int64_t b, int64_t h, int64_t n) const { return data + b * sb + h * sh + n * sn; }
+};
+
+template <typename T>
+void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const T* slopes,
+                    const Seen* seen, T scale, const Shape& sh, torch::Tensor& out, torch::Tensor& lse) {
+  const Rows<T> Q(q), K(k), V(v), O(out);
+  T* lse_data = lse.data_ptr<T>();  // (B, H, i), contiguous
+  const int64_t d = sh.d, q_blocks = (sh.q_len + Q_BLOCK - 1) / Q_BLOCK;
+  at::parallel_for(0, sh.batch * sh.heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> s(Q_BLOCK * K_BLOCK), acc(Q_BLOCK * d), row_max(Q_BLOCK), row_sum(Q_BLOCK);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (sh.heads * q_blocks), h = task / q_blocks % sh.heads;
+      const int64_t i0 = task % q_blocks * Q_BLOCK, rows = std::min(Q_BLOCK, sh.q_len - i0);
+      const int64_t kv = h / sh.groups;
+      const T m = slopes[h];
+      const Seen& w = seen[h];
+      std::fill(acc.begin(), acc.begin() + rows * d, T(0));
+      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
+      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      const int64_t last = w.last(sh, i0, rows);
+      for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
+        const int64_t cols = std::min(K_BLOCK, last - j0);
+        times_transposed<T>(rows, cols, d, scale, Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), s.data(),
+                            K_BLOCK);  // (rows, cols) = scale q k^T
+        for (int64_t r = 0; r < rows; ++r) {
+          T* row = s.data() + r * K_BLOCK;
+          int64_t lo, hi;
+          w.columns(sh, i0 + r, j0, cols, lo, hi);
+          const T first = static_cast<T>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
+          T block_max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : block_max)
+          for (int64_t c = lo; c < hi; ++c) {
+            const T x = row[c] - m * std::fabs(first + static_cast<T>(c));  // the bias, -m |p_i - p_j|
+            row[c] = x;
+            block_max = x > block_max ? x : block_max;
+          }
+          const T new_max = std::max(row_max[r], block_max);
+          T block_sum = 0;
+#pragma omp simd reduction(+ : block_sum)
+          for (int64_t c = lo; c < hi; ++c) {
+            row[c] = exp_weight(row[c] - new_max);
+            block_sum += row[c];
+          }
+          std::fill(row, row + lo, T(0));  // keys the query does not see
+          std::fill(row + hi, row + cols, T(0));
+          if (lo >= hi) continue;
+          // online softmax: the sum and output so far were weighed against the old maximum
+          const T rescale = exp_weight(row_max[r] - new_max);
+          row_max[r] = new_max;
+          row_sum[r] = row_sum[r] * rescale + block_sum;
+          if (rescale != T(1)) {
+            T* a = acc.data() + r * d;
+            for (int64_t c = 0; c < d; ++c) a[c] *= rescale;
+          }
+        }
+        times<T>(rows, d, cols, T(1), s.data(), K_BLOCK, V.at(b, kv, j0), V.sn, T(1), acc.data(), d);  // += p v
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        T* o = O.at(b, h, i0 + r);
+        const T inverse = T(1) / row_sum[r];
+        for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inverse;
+        lse_data[(b * sh.heads + h) * sh.q_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
+      }
+    }
+  });
+}
+
+// Per (b, h): dq, that query head's dk and dv (summed over a KV head's group by the caller), and with
+// slope_grads the slope's gradient sum_ij ds_ij (-|p_i - p_j|); ds = p (dp - delta), dp = do v^T,
+// delta_i = do_i . o_i (the softmax's backward, Dao et al.'s D).
+template <typename T>
+void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& out, const torch::Tensor& grad_out, const torch::Tensor& lse,
+                     const T* slopes, const Seen* seen, T scale, const Shape& sh, bool slope_grads,
+                     torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dslopes) {
+  const Rows<T> Q(q), K(k), V(v), O(out), dO(grad_out), dQ(dq), dK(dk), dV(dv);
+  const T* lse_data = lse.data_ptr<T>();
+  T* dslope_data = dslopes.data_ptr<T>();  // (B, H): summed over the batch by the caller
+  const int64_t d = sh.d;
+  at::parallel_for(0, sh.batch * sh.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(Q_BLOCK * K_BLOCK), ds(Q_BLOCK * K_BLOCK), delta(Q_BLOCK);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / sh.heads, h = task % sh.heads, kv = h / sh.groups;
+      const T m = slopes[h];
+      const Seen& w = seen[h];
+      const T* lse_h = lse_data + task * sh.q_len;
+      T slope_grad = 0;
+      for (int64_t j = 0; j < sh.k_len; ++j) {  // added to block by block; keys no query sees keep 0
+        std::fill(dK.at(b, h, j), dK.at(b, h, j) + d, T(0));
+        std::fill(dV.at(b, h, j), dV.at(b, h, j) + d, T(0));
+      }
+      for (int64_t i0 = 0; i0 < sh.q_len; i0 += Q_BLOCK) {
+        const int64_t rows = std::min(Q_BLOCK, sh.q_len - i0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* o = O.at(b, h, i0 + r);
+          const T* g = dO.at(b, h, i0 + r);
+          T dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += o[c] * g[c];
+          delta[r] = dot;
+          std::fill(dQ.at(b, h, i0 + r), dQ.at(b, h, i0 + r) + d, T(0));
+        }
+        const int64_t last = w.last(sh, i0, rows);
+        for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
+          const int64_t cols = std::min(K_BLOCK, last - j0);
+          times_transposed<T>(rows, cols, d, scale, Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), p.data(),
+                              K_BLOCK);
+          for (int64_t r = 0; r < rows; ++r) {  // the weights, p = exp(s - m |p_i - p_j| - lse)
+            T* row = p.data() + r * K_BLOCK;
+            int64_t lo, hi;
+            w.columns(sh, i0 + r, j0, cols, lo, hi);
+            const T first = static_cast<T>(j0 - (i0 + r + sh.offset));
+            const T l = lse_h[i0 + r];
+#pragma omp simd
+            for (int64_t c = lo; c < hi; ++c) row[c] = exp_weight(row[c] - m * std::fabs(first + static_cast<T>(c)) - l);
+            std::fill(row, row + lo, T(0));
+            std::fill(row + hi, row + cols, T(0));
+          }
+          // dv += p^T do; dp = do v^T
+          transposed_times<T>(cols, d, rows, T(1), p.data(), K_BLOCK, dO.at(b, h, i0), dO.sn, T(1),
+                              dV.at(b, h, j0), dV.sn);
+          times_transposed<T>(rows, cols, d, T(1), dO.at(b, h, i0), dO.sn, V.at(b, kv, j0), V.sn, T(0), ds.data(),
+                              K_BLOCK);
+          for (int64_t r = 0; r < rows; ++r) {
+            T* g = ds.data() + r * K_BLOCK;
+            const T* weight = p.data() + r * K_BLOCK;
+            const T dr = delta[r];
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) g[c] = weight[c] * (g[c] - dr);
+            if (!slope_grads) continue;
+            const T first = static_cast<T>(j0 - (i0 + r + sh.offset));
+            T row_grad = 0;
+#pragma omp simd reduction(+ : row_grad)
+            for (int64_t c = 0; c < cols; ++c) row_grad -= g[c] * std::fabs(first + static_cast<T>(c));
+            slope_grad += row_grad;
+          }
+          // dq += scale ds k; dk += scale ds^T q
+          times<T>(rows, d, cols, scale, ds.data(), K_BLOCK, K.at(b, kv, j0), K.sn, T(1), dQ.at(b, h, i0), dQ.sn);
+          transposed_times<T>(cols, d, rows, scale, ds.data(), K_BLOCK, Q.at(b, h, i0), Q.sn, T(1),
+                              dK.at(b, h, j0), dK.sn);
+        }
+      }
+      dslope_data[task] = slope_grad;
+    }
+  });
+}
+
+Shape shape_of(const torch::Tensor& q, const torch::Tensor& k) {
+  return {q.size(0), q.size(1), q.size(1) / k.size(1), q.size(2), k.size(2), q.size(3), k.size(2) - q.size(2)};
+}
+
+// each head's (left, right) from (H, 2) integers, -1 for no limit; causal caps right at 0
+std::vector<Seen> seen_of(const torch::Tensor& windows, const Shape& sh, bool causal) {
+  TORCH_CHECK(windows.dim() == 2 && windows.size(0) == sh.heads && windows.size(1) == 2,
+              "windows must be (H, 2), one (left, right) per query head");
+  auto w = windows.to(torch::kLong).contiguous();
+  const int64_t* data = w.data_ptr<int64_t>();
+  const int64_t far = sh.q_len + sh.k_len;  // farther than any two positions apart
+  std::vector<Seen> seen(sh.heads);
+  for (int64_t h = 0; h < sh.heads; ++h) {
+    const int64_t left = data[2 * h], right = data[2 * h + 1];
+    seen[h] = {left < 0 ? far : left, causal ? 0 : (right < 0 ? far : right)};
+  }
+  return seen;
+}
+
+void check(const torch::Tensor& x, const char* name, const torch::Tensor& q) {
+  TORCH_CHECK(x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == q.scalar_type() && x.stride(3) == 1,
+              name, " must be a (B, H, n, d) CPU tensor of q's dtype with unit stride along d");
+}
+
+}  // namespace
+
+// (out (B, H, i, d), lse (B, H, i)) for q (B, H, i, d), k and v (B, H_kv, j, d), slopes (H,)
+std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slopes,
+                                   torch::Tensor windows, double scale, bool causal) {
+  for (auto [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) check(x, name, q);
+  const Shape sh = shape_of(q, k);
+  const auto seen = seen_of(windows, sh, causal);
+  auto out = torch::empty({sh.batch, sh.heads, sh.q_len, sh.d}, q.options());
+  auto lse = torch::empty({sh.batch, sh.heads, sh.q_len}, q.options());
+  auto m = slopes.to(q.scalar_type()).contiguous();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_alibi_forward", [&] {
+    forward_kernel<scalar_t>(q, k, v, m.data_ptr<scalar_t>(), seen.data(), static_cast<scalar_t>(scale), sh, out,
+                             lse);
+  });
+  return {out, lse};
+}
+
+// (dq, dk, dv, dslopes): dk, dv (B, H_kv, j, d) summed over each KV head's query heads; dslopes (H,)
+std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor out,
+                                    torch::Tensor grad_out, torch::Tensor lse, torch::Tensor slopes,
+                                    torch::Tensor windows, double scale, bool causal, bool slope_grads) {
+  for (auto [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"}}) {
+    check(x, name, q);
+  }
+  const Shape sh = shape_of(q, k);
+  const auto seen = seen_of(windows, sh, causal);
+  auto dq = torch::empty({sh.batch, sh.heads, sh.q_len, sh.d}, q.options());
+  auto dk = torch::empty({sh.batch, sh.heads, sh.k_len, sh.d}, q.options());  // per query head
+  auto dv = torch::empty({sh.batch, sh.heads, sh.k_len, sh.d}, q.options());
+  auto dslopes = torch::empty({sh.batch, sh.heads}, q.options());
+  auto m = slopes.to(q.scalar_type()).contiguous();
+  auto l = lse.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_alibi_backward", [&] {
+    backward_kernel<scalar_t>(q, k, v, out, grad_out, l, m.data_ptr<scalar_t>(), seen.data(),
+                              static_cast<scalar_t>(scale), sh, slope_grads, dq, dk, dv, dslopes);
+  });
+  if (sh.groups > 1) {  // (B, H, j, d) -> (B, H_kv, groups, j, d), summed over the group
+    dk = dk.view({sh.batch, sh.heads / sh.groups, sh.groups, sh.k_len, sh.d}).sum(2);
+    dv = dv.view({sh.batch, sh.heads / sh.groups, sh.groups, sh.k_len, sh.d}).sum(2);
+  }
+  return {dq, dk, dv, dslopes.sum(0)};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("forward", &forward, "ALiBi attention: (out, log-sum-exp)");
+  module.def("backward", &backward, "gradients of q, k, v and the slopes");
+}

@@ -1,0 +1,194 @@
+"""ALiBi fused into the attention kernel on the CPU: the bias computed where the scores are.
+
+Every other CPU path hands torch's flash kernel the bias as a float mask, which the kernel reads from
+memory and adds in a pass of its own over each block of scores: 6-15% of the kernel's time on an Intel
+Xeon, more than the 10% a path may cost over plain attention (docs/performance.md). This kernel
+(``csrc/fused_alibi.cpp``, C++, built on first use with torch's extension builder) is flash attention
+(Dao et al., 2022) with the bias in its own score pass:
+
+    s_ij = scale q_i . k_j - m_h |p_i - p_j|        (p_i = i + k_len - q_len: queries end at the keys)
+
+added as the row's maximum is taken, so nothing is read for it. Each block's scores come from one BLAS
+product (the MKL or OpenBLAS that torch links), the softmax runs online block by block, and the
+backward pass recomputes each block's weights from the forward's log-sum-exp and returns dq, dk, dv and
+the slopes' gradient (learned slopes need no second path). Causal blocks past the diagonal are never
+computed; a sliding window, or each head's reach (``alibi_ref.reach``), skips the blocks outside it.
+float32 and float64 on the CPU; other dtypes, dropout, padding and positions take the other paths.
+
+Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (about 25 s, once per
+machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU only once it is
+built, so that no call stops to compile: ``python -m alibi_ref build-kernel`` (``make`` runs it) builds it.
+A machine without a C++ compiler simply goes without: ``available()`` says whether it is there, and
+ALIBI_REF_FUSED=0 in the environment turns it off for "auto".
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "fused_alibi.cpp"
+# -march=native: the binary is built for the machine that runs it (its name carries the CPU's model and
+# features); 512-bit vectors where the CPU has them, for the score passes; -fno-math-errno lets them vectorise
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
+DTYPES = (torch.float32, torch.float64)
+
+
+def kernel_dir() -> Path:
+    """Where built kernels are kept: $ALIBI_REF_KERNELS, or ~/.cache/alibi_ref/kernels."""
+    return Path(os.environ.get("ALIBI_REF_KERNELS") or Path.home() / ".cache" / "alibi_ref" / "kernels")
+
+
+def _cpu() -> str:
+    """The CPU's model and features, which -march=native builds for."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+@functools.cache
+def _name() -> str:
+    """The module's name: the source, flags, torch, Python and CPU it is built for, hashed."""
+    stamp = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+                 sys.version.encode(), _cpu().encode()):
+        stamp.update(part)
+    return f"fused_alibi_{stamp.hexdigest()[:16]}"
+
+
+def _binary() -> Path:
+    return kernel_dir() / _name() / f"{_name()}.so"
+
+
+@functools.cache
+def _loaded():
+    """The built kernel's module, imported; None where it is not built (nothing is compiled here)."""
+    path = _binary()
+    if not path.exists():
+        return None
+    loader = importlib.machinery.ExtensionFileLoader(_name(), str(path))
+    spec = importlib.util.spec_from_file_location(_name(), path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def available() -> bool:
+    """Whether the kernel is built for this machine, and not turned off with ALIBI_REF_FUSED=0: whether
+    ``impl="auto"`` may take it."""
+    if os.environ.get("ALIBI_REF_FUSED") == "0":
+        return False
+    try:
+        return _loaded() is not None
+    except ImportError:  # a binary that no longer loads (a changed torch would have changed its name)
+        return False
+
+
+def build(verbose: bool = False):
+    """Build the kernel for this machine (about 25 s; nothing to do where it is built) and return its module.
+
+    Raises RuntimeError, with the compiler's complaint, where it cannot be built."""
+    if _binary().exists():
+        return _loaded()
+    from torch.utils.cpp_extension import load
+
+    directory = kernel_dir() / _name()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        load(_name(), [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], build_directory=str(directory),
+             verbose=verbose)
+    except (RuntimeError, OSError, ImportError) as failed:
+        raise RuntimeError(f"could not build the fused ALiBi kernel in {directory}: {failed}") from failed
+    _loaded.cache_clear()
+    if not _binary().exists():
+        raise RuntimeError(f"built the fused ALiBi kernel but found no {_binary()}")
+    return _loaded()
+
+
+def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weights: bool = False) -> str | None:
+    """Why the kernel cannot take this call, or None where it can (built or not)."""
+    if not (isinstance(q, torch.Tensor) and q.device.type == "cpu"):
+        return "it runs on the CPU, on torch tensors"
+    if q.dtype not in DTYPES:
+        return f"it computes in float32 and float64, got {q.dtype}"
+    if v.shape[-1] != q.shape[-1]:
+        return f"it needs v's head size equal to q's, got {v.shape[-1]} and {q.shape[-1]}"
+    if dropout_p:
+        return "it has no attention dropout"
+    if positional:
+        return "it takes no key padding or positions"
+    if return_weights:
+        return "it never holds the weights"
+    if torch.compiler.is_compiling():
+        return "torch.compile cannot trace into it"
+    return None
+
+
+def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, window=None):
+    """ALiBi attention through the fused kernel, built first if it is not: q (..., H, i, d), k and v
+    (..., H_kv, j, d), slopes (H,) in q's dtype. ``window`` (left, right) or None; each head's reach narrows
+    it where that holds (``alibi_ref.reach``). Returns (..., H, i, d)."""
+    kernel = build()
+    lead = q.shape[:-3]
+    q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
+    windows = head_windows(q, k, slopes, scale, causal, groups, window)
+    out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
+    return out.reshape(*lead, *out.shape[-3:])
+
+
+def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window):
+    """(H, 2): each query head's (left, right), -1 for no limit: ``window``, narrowed to the head's reach
+    where it holds (every query sees its own position, q_len <= k_len; slopes that take no gradient)."""
+    from .reach import head_reach
+
+    left, right = window or (-1, -1)
+    left, right = (-1 if x is None else x for x in (left, right))
+    windows = torch.tensor([[left, right]] * q.shape[-3], dtype=torch.int64)  # (H, 2)
+    reach_holds = (q.shape[-2] <= k.shape[-2] and k.shape[-2] > REACH_MIN_KEYS
+                   and not (slopes.requires_grad and torch.is_grad_enabled()))
+    if reach_holds:
+        for u, reach in enumerate(head_reach(q, k, slopes, scale, groups)):
+            if reach is None or reach >= k.shape[-2] + q.shape[-2]:  # no key that far
+                continue
+            heads = windows[u * groups:(u + 1) * groups]  # (groups, 2): the query heads of KV head u
+            heads[heads < 0] = reach
+            heads.clamp_(max=reach)
+    return windows
+
+
+# the reach skips whole blocks of K_BLOCK (512) keys: below two of them it has nothing to skip and would
+# only cost its pass over q and k
+REACH_MIN_KEYS = 1024
+
+
+class FusedALiBi(torch.autograd.Function):
+    """``apply(q, k, v, slopes, windows, scale, causal, kernel)``: q (B, H, i, d), k and v (B, H_kv, j, d) with a
+    unit stride along d, slopes (H,), windows (H, 2). Returns (B, H, i, d); gradients for q, k, v and the slopes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, windows, scale, causal, kernel):
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        out, lse = kernel.forward(q, k, v, slopes.detach(), windows, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse, slopes, windows)
+        ctx.scale, ctx.causal, ctx.kernel = scale, causal, kernel
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, slopes, windows = ctx.saved_tensors
+        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        slope_grads = ctx.needs_input_grad[3]
+        dq, dk, dv, dslopes = ctx.kernel.backward(q, k, v, out, grad_out, lse, slopes.detach(), windows, ctx.scale,
+                                                  ctx.causal, slope_grads)
+        return dq, dk, dv, dslopes.to(slopes.dtype) if slope_grads else None, None, None, None, None

@@ -1,0 +1,145 @@
+"""The fused CPU kernel (alibi_ref.fused): built where a C++ compiler is, equal to the naive path forward and
+backward (q, k, v and the slopes), with windows, each head's reach, GQA, KV caches and strided inputs; and
+taken by "auto" on the CPU exactly where it fits."""
+
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alibi_ref import alibi_attention, get_slopes
+from alibi_ref import fused as fused_module
+from alibi_ref.attention import check_shapes, choose_impl
+
+needs_kernel = pytest.mark.skipif(not fused_module.available(), reason="the fused kernel is not built here "
+                                  "(test_the_kernel_is_built_wherever_a_compiler_is says whether it should be)")
+
+
+def test_the_kernel_is_built_wherever_a_compiler_is():
+    """`make` builds it (python -m alibi_ref build-kernel): a build that broke must fail here, not skip the rest."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the library runs its other CPU paths")
+    assert fused_module.available(), f"no fused kernel under {fused_module.kernel_dir()}: run make, or " \
+                                     "python -m alibi_ref build-kernel, and see what the compiler says"
+
+
+def against_naive(q, k, v, slopes, causal, window=None, scale=None):
+    """Max |fused - naive| over the output and the gradients of q, k, v and the slopes, float64."""
+    inputs = [x.detach().double().requires_grad_() for x in (q, k, v, slopes)]
+    outs, grads = [], []
+    for impl in ("fused", "naive"):
+        out = alibi_attention(*inputs[:3], inputs[3], causal=causal, window=window, scale=scale, impl=impl)
+        upstream = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, inputs, upstream))
+    fused, naive = [outs[0].detach(), *grads[0]], [outs[1].detach(), *grads[1]]
+    return [float((a - b).abs().max()) for a, b in zip(fused, naive, strict=True)]
+
+
+@needs_kernel
+@pytest.mark.parametrize(("heads", "kv_heads", "q_len", "k_len", "causal", "window"), [
+    (4, 4, 37, 37, False, None),
+    (4, 2, 37, 300, True, None),  # GQA, a chunk of queries against a KV cache
+    (8, 8, 600, 600, True, None),  # several query and key blocks, the diagonal inside them
+    (8, 1, 5, 700, False, None),  # MQA, a few queries
+    (4, 4, 130, 100, False, None),  # more queries than keys: the first ones sit before the first key
+    (4, 2, 700, 700, False, (30, 100)),
+    (4, 4, 600, 900, True, (250, -1)),
+    (4, 4, 600, 900, False, (-1, 7)),
+])
+def test_fused_equals_naive_forward_and_backward_in_float64(heads, kv_heads, q_len, k_len, causal, window):
+    torch.manual_seed(0)
+    q = torch.randn(2, heads, q_len, 16)
+    k, v = (torch.randn(2, kv_heads, k_len, 16) for _ in range(2))
+    slopes = torch.tensor(get_slopes(heads))
+    errors = against_naive(q, k, v, slopes, causal, window)
+    assert max(errors[:4]) < 1e-12, errors  # out, dq, dk, dv
+    assert errors[4] < 1e-10, errors  # the slopes' gradient sums every logit's: larger, and still float64's
+
+
+@needs_kernel
+@settings(max_examples=30, deadline=None)
+@given(heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]), q_len=st.integers(1, 140),
+       extra_keys=st.integers(0, 140), d=st.sampled_from([1, 7, 16]), causal=st.booleans(),
+       left=st.integers(-1, 60), right=st.integers(-1, 60), seed=st.integers(0, 2**16))
+def test_fused_equals_naive_for_any_shape_and_window(heads, q_len, extra_keys, d, causal, left, right, seed):
+    torch.manual_seed(seed)
+    k_len = q_len + extra_keys
+    q = torch.randn(1, heads[0], q_len, d)
+    k, v = (torch.randn(1, heads[1], k_len, d) for _ in range(2))
+    slopes = torch.rand(heads[0]) * 2 - 0.5  # any slopes, negative and zero ones too (learned ones can be)
+    errors = against_naive(q, k, v, slopes, causal, (left, right), scale=0.3)
+    assert max(errors) < 1e-10, errors
+
+
+@needs_kernel
+def test_strided_inputs_and_a_leading_batch_shape_are_read_in_place():
+    """(B, T, H, d) transposed to (B, H, T, d), as ALiBiMultiheadAttention makes them, and extra leading dims."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 40, 4, 8).transpose(-2, -3) for _ in range(3))  # (2, 3, 4, 40, 8), strided
+    slopes = torch.tensor(get_slopes(4))
+    assert not q.is_contiguous()
+    errors = against_naive(q, k, v, slopes, causal=True)
+    assert max(errors) < 1e-10, errors
+
+
+@needs_kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_with_each_heads_reach_is_as_close_to_float64_as_the_materialised_bias(causal):
+    """N = 2048: the steep heads run in windows of their reach (alibi_ref.reach); the output stays within
+    float32's rounding of float64, as close as naive float32 with the whole bias."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 8, 2048, 64) for _ in range(3))
+    slopes = torch.tensor(get_slopes(8), dtype=torch.float32)
+    windows = fused_module.head_windows(q, k, slopes, 0.125, causal, 1, None)
+    assert (windows[:4, 0] > 0).all() and (windows[:4, 0] < 1024).all(), windows  # the steep heads are narrowed
+    exact = alibi_attention(q.double(), k.double(), v.double(), slopes.double(), causal=causal, impl="naive")
+    fused = alibi_attention(q, k, v, slopes, causal=causal, impl="fused").double()
+    naive = alibi_attention(q, k, v, slopes, causal=causal, impl="naive").double()
+    assert float((fused - exact).abs().max()) < 2 * float((naive - exact).abs().max()) + 1e-7
+
+
+@needs_kernel
+def test_a_nan_in_a_query_stays_in_its_row():
+    """As in plain SDPA: the row with the NaN is NaN, the others untouched (nothing turns it into a number)."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 8) for _ in range(3))
+    q[0, 1, 17, 3] = float("nan")
+    out = alibi_attention(q, k, v, torch.tensor(get_slopes(2)), impl="fused")
+    assert out[0, 1, 17].isnan().all()
+    assert not out[0, 1, :17].isnan().any() and not out[0, 0].isnan().any()
+
+
+@needs_kernel
+def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
+    """float32 and float64 from STRIDED_MIN_LEN keys, and below it where a gradient is taken, with or without a
+    window; not for 16-bit inputs, dropout, padding, a few queries (a decoding step), or the weights."""
+    def chosen(n, dtype=torch.float32, grad=False, q_len=None, **options):
+        q = torch.zeros(1, 8, q_len or n, 16, dtype=dtype, requires_grad=grad)
+        k = torch.zeros(1, 8, n, 16, dtype=dtype)
+        slopes = torch.tensor(get_slopes(8))
+        dims = check_shapes(q, k, k, slopes, False)
+        return choose_impl("auto", q, dims, options.pop("return_weights", False), v=k, **options)
+
+    assert chosen(128) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) == "fused"
+    assert chosen(64) != "fused" and chosen(64, grad=True) == "fused"
+    assert chosen(1024, torch.bfloat16) != "fused"
+    assert chosen(1024, dropout=True) != "fused"
+    assert chosen(1024, positional=True) != "fused"
+    assert chosen(1024, q_len=1) == "sdpa"
+    assert chosen(1024, return_weights=True) == "naive"
+
+
+def test_the_fused_path_says_why_it_cannot_take_a_call():
+    q = torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"float32 and float64, got torch\.bfloat16"):
+        alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused")
+    q = torch.zeros(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused", dropout_p=0.1)
+    with pytest.raises(ValueError, match="no key padding or positions"):
+        alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused", key_padding_mask=torch.ones(1, 8) > 0)
+    with pytest.raises(ValueError, match="first queries"):
+        alibi_attention(q, q[..., :3, :], q[..., :3, :], torch.tensor([0.5, 0.25]), impl="fused", window=(1, 1))
