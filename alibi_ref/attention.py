@@ -281,13 +281,15 @@ def alibi_attention(
     impl: "naive" (``naive_attention``, the specification), "sdpa" (torch's fused kernel
     with the bias materialised as a float mask; for JAX arrays ``jax.nn.dot_product_attention``
     with it as ``bias``, the default there for float32 and 16-bit floats), "strided" (the same kernel, the bias a
-    strided view of one row per head, see ``alibi_ref.strided``; the CPU path), "flex"
-    (FlexAttention compiled, the bias computed inside the kernel; the CUDA path), or "auto":
+    strided view of one row per head, see ``alibi_ref.strided``), "flex" (FlexAttention compiled, the bias
+    computed inside the kernel; the CUDA path), "fused" (``alibi_ref.fused``: a CPU kernel of our own, the bias
+    computed where the scores are; float32 and float64, no dropout or padding), or "auto":
     naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
-    on the CPU strided from STRIDED_MIN_LEN keys, sdpa below, where the bias (up to KEPT_BIAS_NUMBERS
+    on the CPU fused where it is built and takes the call (from STRIDED_MIN_LEN keys, or where a gradient is
+    taken); otherwise strided from STRIDED_MIN_LEN keys, sdpa below, where the bias (up to KEPT_BIAS_NUMBERS
     numbers) is kept between calls (``bias_is_kept``), and for symmetric attention over a batch whose bias is
     small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
-    strided and flex never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
+    strided, flex and fused never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
     once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
     a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
     up to ``alibi_ref.kept.KEPT_BYTES`` in all (``alibi_ref.kept``; ``alibi_ref.kept.forget()`` lets it go).
@@ -310,12 +312,12 @@ def alibi_attention(
     ``window`` (left, right): a sliding window as FlashAttention-2's ``window_size`` beside its
     ``alibi_slopes``: each query sees the keys at most ``left`` positions before it and ``right``
     after it (-1 or None: no limit; causal with (left, 0) is a causal sliding window). It runs on
-    the naive and sdpa paths, with the bias materialised; on strided (the CPU's "auto" choice, as without a
-    window), whose bias row carries the window's -inf and whose kernel calls are shown only the keys their
-    rows' windows reach; and on flex, whose block mask skips the tiles outside the window (on CUDA "auto"
-    takes sdpa: flex with a window has not been timed on a GPU). With more queries
-    than keys a window can leave the first queries no key: "auto" takes sdpa there (zeros for those rows) and
-    strided refuses it.
+    the naive and sdpa paths, with the bias materialised; on fused (the CPU's "auto" choice, as without a
+    window), which skips the blocks outside it; on strided, whose bias row carries the window's -inf and whose
+    kernel calls are shown only the keys their rows' windows reach; and on flex, whose block mask skips the
+    tiles outside the window (on CUDA "auto" takes sdpa: flex with a window has not been timed on a GPU). With
+    more queries than keys a window can leave the first queries no key: "auto" takes sdpa there (zeros for those
+    rows) and strided and fused refuse it.
     """
     q, k, v = _as_arrays(q, k, v)
     slopes = check_slopes(slopes)

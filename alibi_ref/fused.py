@@ -138,32 +138,43 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     """ALiBi attention through the fused kernel, built first if it is not: q (..., H, i, d), k and v
     (..., H_kv, j, d), slopes (H,) in q's dtype. ``window`` (left, right) or None; each head's reach narrows
     it where that holds (``alibi_ref.reach``). Returns (..., H, i, d)."""
-    kernel = build()
+    kernel = _loaded() or build()
     lead = q.shape[:-3]
-    q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
+    if q.ndim != 4:
+        q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
     windows = head_windows(q, k, slopes, scale, causal, groups, window)
-    out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
-    return out.reshape(*lead, *out.shape[-3:])
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, slopes)):
+        out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
+    else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
+        out = kernel.forward(*(x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v)), slopes, windows,
+                             float(scale), causal)[0]
+    return out if len(lead) == 1 else out.reshape(*lead, *out.shape[-3:])
 
 
 def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window):
     """(H, 2): each query head's (left, right), -1 for no limit: ``window``, narrowed to the head's reach
     where it holds (every query sees its own position, q_len <= k_len; slopes that take no gradient)."""
-    from .reach import head_reach
-
-    left, right = window or (-1, -1)
-    left, right = (-1 if x is None else x for x in (left, right))
-    windows = torch.tensor([[left, right]] * q.shape[-3], dtype=torch.int64)  # (H, 2)
+    left, right = (-1 if x is None else x for x in (window or (None, None)))
     reach_holds = (q.shape[-2] <= k.shape[-2] and k.shape[-2] > REACH_MIN_KEYS
                    and not (slopes.requires_grad and torch.is_grad_enabled()))
-    if reach_holds:
-        for u, reach in enumerate(head_reach(q, k, slopes, scale, groups)):
-            if reach is None or reach >= k.shape[-2] + q.shape[-2]:  # no key that far
-                continue
-            heads = windows[u * groups:(u + 1) * groups]  # (groups, 2): the query heads of KV head u
-            heads[heads < 0] = reach
-            heads.clamp_(max=reach)
+    if not reach_holds:
+        return _same_window(q.shape[-3], left, right)
+    from .reach import head_reach
+
+    windows = _same_window(q.shape[-3], left, right).clone()  # (H, 2)
+    for u, reach in enumerate(head_reach(q, k, slopes, scale, groups)):
+        if reach is None or reach >= k.shape[-2] + q.shape[-2]:  # no key that far
+            continue
+        heads = windows[u * groups:(u + 1) * groups]  # (groups, 2): the query heads of KV head u
+        heads[heads < 0] = reach
+        heads.clamp_(max=reach)
     return windows
+
+
+@functools.lru_cache(maxsize=64)
+def _same_window(heads: int, left: int, right: int):
+    """(H, 2): every head's (left, right), kept from call to call (the kernel only reads it)."""
+    return torch.tensor([[left, right]] * heads, dtype=torch.int64)
 
 
 # the reach skips whole blocks of K_BLOCK (512) keys: below two of them it has nothing to skip and would

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -77,6 +78,18 @@ inline double exp_weight(double x) { return x < -708.0 ? 0.0 : std::exp(x); }
 
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
 
+// Runs work(task, buffers) for task = 0 .. n_tasks - 1 on torch's threads, each thread taking the next task
+// when it is done with one: tasks differ in cost (a causal block's keys grow with its queries, a head's window
+// or reach narrows it), and a static split gave one thread the costly half. Each thread makes its buffers once.
+template <typename Make, typename Work>
+void each_task(int64_t n_tasks, Make make_buffers, Work work) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
+    auto buffers = make_buffers();
+    for (int64_t task = next++; task < n_tasks; task = next++) work(task, buffers);
+  });
+}
+
 struct Shape {
   int64_t batch, heads, groups, q_len, k_len, d, offset;  // offset: the position of query 0, k_len - q_len
 };
@@ -114,12 +127,18 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
   const Rows<T> Q(q), K(k), V(v), O(out);
   T* lse_data = lse.data_ptr<T>();  // (B, H, i), contiguous
   const int64_t d = sh.d, q_blocks = (sh.q_len + Q_BLOCK - 1) / Q_BLOCK;
-  at::parallel_for(0, sh.batch * sh.heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> s(Q_BLOCK * K_BLOCK), acc(Q_BLOCK * d), row_max(Q_BLOCK), row_sum(Q_BLOCK);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / (sh.heads * q_blocks), h = task / q_blocks % sh.heads;
-      const int64_t i0 = task % q_blocks * Q_BLOCK, rows = std::min(Q_BLOCK, sh.q_len - i0);
-      const int64_t kv = h / sh.groups;
+  struct Buffers {
+    std::vector<T> s, acc, row_max, row_sum;
+  };
+  auto make = [&] { return Buffers{std::vector<T>(Q_BLOCK * K_BLOCK), std::vector<T>(Q_BLOCK * d),
+                                   std::vector<T>(Q_BLOCK), std::vector<T>(Q_BLOCK)}; };
+  // the costliest first, so that the last tasks are short: the last query blocks (most keys under a causal
+  // mask), then the last heads (the flattest slopes, whose reach is longest)
+  each_task(sh.batch * sh.heads * q_blocks, make, [&](int64_t task, Buffers& buffers) {
+      auto& [s, acc, row_max, row_sum] = buffers;
+      const int64_t i0 = (q_blocks - 1 - task / (sh.batch * sh.heads)) * Q_BLOCK;
+      const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads % sh.batch;
+      const int64_t rows = std::min(Q_BLOCK, sh.q_len - i0), kv = h / sh.groups;
       const T m = slopes[h];
       const Seen& w = seen[h];
       std::fill(acc.begin(), acc.begin() + rows * d, T(0));
@@ -169,7 +188,6 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
         for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inverse;
         lse_data[(b * sh.heads + h) * sh.q_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
       }
-    }
   });
 }
 
@@ -185,13 +203,17 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
   const T* lse_data = lse.data_ptr<T>();
   T* dslope_data = dslopes.data_ptr<T>();  // (B, H): summed over the batch by the caller
   const int64_t d = sh.d;
-  at::parallel_for(0, sh.batch * sh.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(Q_BLOCK * K_BLOCK), ds(Q_BLOCK * K_BLOCK), delta(Q_BLOCK);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / sh.heads, h = task % sh.heads, kv = h / sh.groups;
+  struct Buffers {
+    std::vector<T> p, ds, delta;
+  };
+  auto make = [&] { return Buffers{std::vector<T>(Q_BLOCK * K_BLOCK), std::vector<T>(Q_BLOCK * K_BLOCK),
+                                   std::vector<T>(Q_BLOCK)}; };
+  each_task(sh.batch * sh.heads, make, [&](int64_t task, Buffers& buffers) {  // the flattest heads first
+      auto& [p, ds, delta] = buffers;
+      const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads, kv = h / sh.groups;
       const T m = slopes[h];
       const Seen& w = seen[h];
-      const T* lse_h = lse_data + task * sh.q_len;
+      const T* lse_h = lse_data + (b * sh.heads + h) * sh.q_len;
       T slope_grad = 0;
       for (int64_t j = 0; j < sh.k_len; ++j) {  // added to block by block; keys no query sees keep 0
         std::fill(dK.at(b, h, j), dK.at(b, h, j) + d, T(0));
@@ -247,8 +269,7 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
                               dK.at(b, h, j0), dK.sn);
         }
       }
-      dslope_data[task] = slope_grad;
-    }
+      dslope_data[b * sh.heads + h] = slope_grad;
   });
 }
 

@@ -5,8 +5,9 @@
 For each sequence length N and causal flag it runs, each in a fresh process so that one path's
 memory never shows up in another's: plain scaled_dot_product_attention with no bias at all
 (the floor), alibi_attention as it chooses by itself, the naive path, SDPA with the bias as a
-float mask, SDPA with the bias as a strided view (alibi_ref.strided) and FlexAttention compiled
-with ALiBi as a score_mod (and, asked for by name, FlexAttention with no bias:
+float mask, SDPA with the bias as a strided view (alibi_ref.strided), FlexAttention compiled
+with ALiBi as a score_mod, and the fused CPU kernel (alibi_ref.fused; a row that says why on CUDA)
+(and, asked for by name, FlexAttention with no bias:
 ``flex_no_bias``). It prints the median time, the ratio to the floor (timed in turn
 with the path, in the same process), GFLOP/s and the peak memory beyond the inputs, then the
 fastest ALiBi path of each setting beside what alibi_default ran at (``fastest``), and writes
@@ -33,7 +34,7 @@ from pathlib import Path
 
 # each path but the floors is alibi_attention with this impl ("auto": what it picks by itself)
 IMPL_OF_PATH = {"alibi_default": "auto", "naive": "naive", "sdpa_float_bias": "sdpa", "strided_mask": "strided",
-                "flex_compiled": "flex"}
+                "flex_compiled": "flex", "fused_kernel": "fused"}
 # no bias at all: plain SDPA, the floor every ratio is taken to; and FlexAttention's own kernel with
 # nothing to add, asked for by name, which splits flex_compiled's ratio into the kernel's gap to
 # plain SDPA and what ALiBi's score_mod adds to it
