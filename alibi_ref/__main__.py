@@ -124,7 +124,7 @@ def cmd_build_kernel(args) -> None:
     if fused.available():
         print(f"the fused CPU kernel is built: {fused.kernel_dir()}")
         return
-    print("building the fused CPU kernel for this machine (about 25 s, once) ...", flush=True)
+    print("building the fused CPU kernel for this machine (a compile of some seconds, once) ...", flush=True)
     try:
         fused.build(verbose=args.verbose)
     except RuntimeError as failed:

@@ -1,25 +1,25 @@
 """ALiBi fused into the attention kernel on the CPU: the bias computed where the scores are.
 
 Every other CPU path hands torch's flash kernel the bias as a float mask, which the kernel reads from
-memory and adds in a pass of its own over each block of scores: 6-15% of the kernel's time on an Intel
-Xeon, more than the 10% a path may cost over plain attention (docs/performance.md). This kernel
-(``csrc/fused_alibi.cpp``, C++, built on first use with torch's extension builder) is flash attention
+memory and adds in a pass of its own over each block of scores: on an Intel Xeon that alone cost more
+than a path may cost over plain attention (figures: docs/performance.md, "The fused CPU kernel"). This
+kernel (``csrc/fused_alibi.cpp``, C++, built with torch's extension builder) is flash attention
 (Dao et al., 2022) with the bias in its own score pass:
 
     s_ij = scale q_i . k_j - m_h |p_i - p_j|        (p_i = i + k_len - q_len: queries end at the keys)
 
 added as the row's maximum is taken, so nothing is read for it. Each block's scores come from one BLAS
-product (the MKL or OpenBLAS that torch links), the softmax runs online block by block, and the
+product (the BLAS torch links and exports: MKL on x86), the softmax runs online block by block, and the
 backward pass recomputes each block's weights from the forward's log-sum-exp and returns dq, dk, dv and
 the slopes' gradient (learned slopes need no second path). Causal blocks past the diagonal are never
 computed; a sliding window, or each head's reach (``alibi_ref.reach``), skips the blocks outside it.
 float32 and float64 on the CPU; other dtypes, dropout, padding and positions take the other paths.
 
-Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (about 25 s, once per
-machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU only once it is
-built, so that no call stops to compile: ``python -m alibi_ref build-kernel`` (``make`` runs it) builds it.
-A machine without a C++ compiler simply goes without: ``available()`` says whether it is there, and
-ALIBI_REF_FUSED=0 in the environment turns it off for "auto".
+Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (a compile of some
+seconds, once per machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU
+only once it is built, so that no call stops to compile: ``python -m alibi_ref build-kernel`` (``make`` runs
+it) builds it. A machine without a C++ compiler simply goes without: ``available()`` says whether it is
+there, and ALIBI_REF_FUSED=0 in the environment turns it off for "auto".
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def available() -> bool:
 
 
 def build(verbose: bool = False):
-    """Build the kernel for this machine (about 25 s; nothing to do where it is built) and return its module.
+    """Build the kernel for this machine (a compile of some seconds; nothing to do where it is built) and return
+    its module.
 
     Raises RuntimeError, with the compiler's complaint, where it cannot be built."""
     if _binary().exists():
