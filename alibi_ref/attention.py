@@ -334,11 +334,12 @@ def alibi_attention(
     if chosen == "fused":
         from .fused import fused_alibi_attention, refusal
 
-        why = refusal(q, v, dropout_p, per_row is not None, return_weights)
-        if why is None and window is not None and dims.q_len > dims.k_len:
-            why = "a window can leave the first queries, before the first key, no key at all"
-        if why is not None:
-            raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
+        if impl == "fused":  # asked for by name; "auto" took it only where it fits (``_fused_takes``)
+            why = refusal(q, v, dropout_p, per_row is not None, return_weights)
+            if why is None and window is not None and dims.q_len > dims.k_len:
+                why = "a window can leave the first queries, before the first key, no key at all"
+            if why is not None:
+                raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
         return fused_alibi_attention(q, k, v, slopes, scale, causal, groups, window)
     if chosen == "flex":
         from .flex import flex_alibi_attention

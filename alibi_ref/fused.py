@@ -147,8 +147,7 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, slopes)):
         out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
     else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
-        out = kernel.forward(*(x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v)), slopes, windows,
-                             float(scale), causal)[0]
+        out = kernel.forward(*map(_unit_stride, (q, k, v)), slopes, windows, float(scale), causal)[0]
     return out if len(lead) == 1 else out.reshape(*lead, *out.shape[-3:])
 
 
@@ -172,6 +171,11 @@ def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window):
     return windows
 
 
+def _unit_stride(x):
+    """x as it is where its last dimension is contiguous (all the kernel needs), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 @functools.lru_cache(maxsize=64)
 def _same_window(heads: int, left: int, right: int):
     """(H, 2): every head's (left, right), kept from call to call (the kernel only reads it)."""
@@ -190,7 +194,7 @@ class FusedALiBi(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, windows, scale, causal, kernel):
-        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        q, k, v = map(_unit_stride, (q, k, v))
         out, lse = kernel.forward(q, k, v, slopes.detach(), windows, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse, slopes, windows)
         ctx.scale, ctx.causal, ctx.kernel = scale, causal, kernel
@@ -200,7 +204,7 @@ class FusedALiBi(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, slopes, windows = ctx.saved_tensors
-        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        grad_out = _unit_stride(grad_out)
         slope_grads = ctx.needs_input_grad[3]
         dq, dk, dv, dslopes = ctx.kernel.backward(q, k, v, out, grad_out, lse, slopes.detach(), windows, ctx.scale,
                                                   ctx.causal, slope_grads)
