@@ -14,7 +14,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
@@ -57,26 +61,112 @@ void transposed_times(int m, int n, int k, T alpha, const T* a, int lda, const T
 // e^x for x <= 0, 0 below float's smallest normal number (a weight that small is below any row's rounding,
 // and a subnormal one would slow the products that read it), NaN kept. Cephes' expf: x = n ln 2 + f with
 // |f| <= ln 2 / 2, e^f by its degree-7 polynomial, 2^n by the exponent bits; written so the loop vectorises.
+namespace cephes {  // expf's constants, shared by the scalar and the vector form
+constexpr float LOWEST = -87.0f, LOG2E = 1.44269504088896341f, LN2_HIGH = 0.693359375f, LN2_LOW = -2.12194440e-4f;
+constexpr float POLY[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                          1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace cephes
+
 inline float exp_weight(float x) {
-  const float clamped = x < -87.0f ? -87.0f : x;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  const float f = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
+  using namespace cephes;
+  const float clamped = x < LOWEST ? LOWEST : x;
+  const float n = std::nearbyint(clamped * LOG2E);
+  const float f = clamped - n * LN2_HIGH - n * LN2_LOW;
+  float p = POLY[0];
+  for (int i = 1; i < 6; ++i) p = p * f + POLY[i];
   p = p * f * f + f + 1.0f;
   const int bits = (static_cast<int>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   const float e = p * two_n;
-  return x != x ? x : (x < -87.0f ? 0.0f : e);
+  return x != x ? x : (x < LOWEST ? 0.0f : e);
 }
 inline double exp_weight(double x) { return x < -708.0 ? 0.0 : std::exp(x); }
 
+// The two passes over a row of scores, columns [lo, hi): first = p_j - p_i at column 0.
+// add_bias: s_c -= m |first + c|, returns the largest (a NaN score is passed over, and stays in the row)
+template <typename T>
+T add_bias(T* row, int64_t lo, int64_t hi, T m, T first) {
+  T largest = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : largest)
+  for (int64_t c = lo; c < hi; ++c) {
+    const T x = row[c] - m * std::fabs(first + static_cast<T>(c));  // the bias, -m |p_i - p_j|
+    row[c] = x;
+    largest = x > largest ? x : largest;  // not std::max, which kept gcc from vectorising the loop
+  }
+  return largest;
+}
+// exponentiate: s_c = e^(s_c - max), returns their sum
+template <typename T>
+T exponentiate(T* row, int64_t lo, int64_t hi, T max) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = lo; c < hi; ++c) {
+    row[c] = exp_weight(row[c] - max);
+    sum += row[c];
+  }
+  return sum;
+}
+
+#ifdef __AVX512F__
+// float32 in 512-bit vectors, written out: gcc's loops above end each row in 16 serial additions
+inline __m512 exp_weight(__m512 x) {  // exp_weight(float), 16 at a time
+  using namespace cephes;
+  const __m512 lowest = _mm512_set1_ps(LOWEST);
+  const __m512 clamped = _mm512_max_ps(lowest, x);  // max_ps gives its second operand, x, where x is NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(LOG2E)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), clamped));
+  __m512 p = _mm512_set1_ps(POLY[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(POLY[i]));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, f), f, f), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ), _mm512_setzero_ps());  // NaN: not below
+}
+// the columns c .. c + 15 that are below hi
+inline __mmask16 below(int64_t c, int64_t hi) { return hi - c >= 16 ? 0xFFFF : (1u << (hi - c)) - 1; }
+
+template <>
+float add_bias(float* row, int64_t lo, int64_t hi, float m, float first) {
+  const __m512 slope = _mm512_set1_ps(m), step = _mm512_set1_ps(16.0f);
+  __m512 distance = _mm512_add_ps(_mm512_set1_ps(first + static_cast<float>(lo)),
+                                  _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  __m512 largest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = lo; c < hi; c += 16) {
+    const __mmask16 k = below(c, hi);
+    const __m512 x = _mm512_fnmadd_ps(slope, _mm512_abs_ps(distance), _mm512_maskz_loadu_ps(k, row + c));
+    _mm512_mask_storeu_ps(row + c, k, x);
+    largest = _mm512_mask_max_ps(largest, k, x, largest);  // max_ps gives its second operand where x is NaN
+    distance = _mm512_add_ps(distance, step);
+  }
+  return _mm512_reduce_max_ps(largest);
+}
+template <>
+float exponentiate(float* row, int64_t lo, int64_t hi, float max) {
+  const __m512 shift = _mm512_set1_ps(max);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = lo; c < hi; c += 16) {
+    const __mmask16 k = below(c, hi);
+    const __m512 w = exp_weight(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + c), shift));
+    _mm512_mask_storeu_ps(row + c, k, w);
+    sum = _mm512_mask_add_ps(sum, k, sum, w);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
+
+// A thread's working array, left uninitialised: every element is written before it is read, and a
+// std::vector would zero it (256 KiB for a block of scores) at every call
+template <typename T>
+struct Scratch {
+  std::unique_ptr<T[]> memory;
+  explicit Scratch(int64_t n) : memory(new T[n]) {}
+  T* data() const { return memory.get(); }
+  T& operator[](int64_t i) const { return memory[i]; }
+};
 
 // Runs work(task, buffers) for task = 0 .. n_tasks - 1 on torch's threads, each thread taking the next task
 // when it is done with one: tasks differ in cost (a causal block's keys grow with its queries, a head's window
@@ -128,10 +218,10 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
   T* lse_data = lse.data_ptr<T>();  // (B, H, i), contiguous
   const int64_t d = sh.d, q_blocks = (sh.q_len + Q_BLOCK - 1) / Q_BLOCK;
   struct Buffers {
-    std::vector<T> s, acc, row_max, row_sum;
+    Scratch<T> s, acc, row_max, row_sum;
   };
-  auto make = [&] { return Buffers{std::vector<T>(Q_BLOCK * K_BLOCK), std::vector<T>(Q_BLOCK * d),
-                                   std::vector<T>(Q_BLOCK), std::vector<T>(Q_BLOCK)}; };
+  auto make = [&] { return Buffers{Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK * d), Scratch<T>(Q_BLOCK),
+                                   Scratch<T>(Q_BLOCK)}; };
   // the costliest first, so that the last tasks are short: the last query blocks (most keys under a causal
   // mask), then the last heads (the flattest slopes, whose reach is longest)
   each_task(sh.batch * sh.heads * q_blocks, make, [&](int64_t task, Buffers& buffers) {
@@ -141,9 +231,9 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
       const int64_t rows = std::min(Q_BLOCK, sh.q_len - i0), kv = h / sh.groups;
       const T m = slopes[h];
       const Seen& w = seen[h];
-      std::fill(acc.begin(), acc.begin() + rows * d, T(0));
-      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
-      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      std::fill(acc.data(), acc.data() + rows * d, T(0));
+      std::fill(row_max.data(), row_max.data() + rows, -std::numeric_limits<T>::infinity());
+      std::fill(row_sum.data(), row_sum.data() + rows, T(0));
       const int64_t last = w.last(sh, i0, rows);
       for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
         const int64_t cols = std::min(K_BLOCK, last - j0);
@@ -154,20 +244,8 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
           int64_t lo, hi;
           w.columns(sh, i0 + r, j0, cols, lo, hi);
           const T first = static_cast<T>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
-          T block_max = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : block_max)
-          for (int64_t c = lo; c < hi; ++c) {
-            const T x = row[c] - m * std::fabs(first + static_cast<T>(c));  // the bias, -m |p_i - p_j|
-            row[c] = x;
-            block_max = x > block_max ? x : block_max;
-          }
-          const T new_max = std::max(row_max[r], block_max);
-          T block_sum = 0;
-#pragma omp simd reduction(+ : block_sum)
-          for (int64_t c = lo; c < hi; ++c) {
-            row[c] = exp_weight(row[c] - new_max);
-            block_sum += row[c];
-          }
+          const T new_max = std::max(row_max[r], add_bias(row, lo, hi, m, first));
+          const T block_sum = exponentiate(row, lo, hi, new_max);
           std::fill(row, row + lo, T(0));  // keys the query does not see
           std::fill(row + hi, row + cols, T(0));
           if (lo >= hi) continue;
@@ -204,10 +282,10 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
   T* dslope_data = dslopes.data_ptr<T>();  // (B, H): summed over the batch by the caller
   const int64_t d = sh.d;
   struct Buffers {
-    std::vector<T> p, ds, delta;
+    Scratch<T> p, ds, delta;
   };
-  auto make = [&] { return Buffers{std::vector<T>(Q_BLOCK * K_BLOCK), std::vector<T>(Q_BLOCK * K_BLOCK),
-                                   std::vector<T>(Q_BLOCK)}; };
+  auto make = [&] { return Buffers{Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK)};
+  };
   each_task(sh.batch * sh.heads, make, [&](int64_t task, Buffers& buffers) {  // the flattest heads first
       auto& [p, ds, delta] = buffers;
       const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads, kv = h / sh.groups;
