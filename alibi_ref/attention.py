@@ -31,6 +31,10 @@ FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (docs/performance.md, "Training, batches, and two machines", N = 64)
 STRIDED_MIN_LEN = 128
+# on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too (below it, with a
+# gradient only): N = 64 0.94-1.07x plain SDPA against 1.03-1.36x at B = 1-32, N = 32 1.24x against 1.15x
+# (docs/performance.md, "The fused CPU kernel")
+FUSED_CPU_MIN_KEYS = 64
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
 # less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
 # the kept bias)
@@ -202,7 +206,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
 
 def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool) -> bool:
     """Whether "auto" takes the fused CPU kernel: where it is built (``alibi_ref.fused``) and takes the call;
-    from STRIDED_MIN_LEN keys, and below that where a gradient will be taken (forward+backward it ran faster
+    from FUSED_CPU_MIN_KEYS keys, and below that where a gradient will be taken (forward+backward it ran faster
     than plain SDPA there, forward alone slower: docs/performance.md); not for a few queries (a decoding step),
     where the bias's few rows cost less than the kernel's blocks."""
     from . import fused
@@ -210,7 +214,7 @@ def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool) -> bool:
     if dims.q_len <= FEW_QUERIES or fused.refusal(q, q if v is None else v, float(dropout), positional) is not None:
         return False
     training = fused.torch.is_grad_enabled() and (q.requires_grad or (v is not None and v.requires_grad))
-    return (dims.k_len >= STRIDED_MIN_LEN or training) and fused.available()
+    return (dims.k_len >= FUSED_CPU_MIN_KEYS or training) and fused.available()
 
 
 def check_impl(impl: str, dropout: bool = False) -> None:
@@ -285,7 +289,7 @@ def alibi_attention(
     computed inside the kernel; the CUDA path), "fused" (``alibi_ref.fused``: a CPU kernel of our own, the bias
     computed where the scores are; float32 and float64, no dropout or padding), or "auto":
     naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
-    on the CPU fused where it is built and takes the call (from STRIDED_MIN_LEN keys, or where a gradient is
+    on the CPU fused where it is built and takes the call (from FUSED_CPU_MIN_KEYS keys, or where a gradient is
     taken); otherwise strided from STRIDED_MIN_LEN keys, sdpa below, where the bias (up to KEPT_BIAS_NUMBERS
     numbers) is kept between calls (``bias_is_kept``), and for symmetric attention over a batch whose bias is
     small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.

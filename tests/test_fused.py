@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from alibi_ref import alibi_attention, get_slopes
 from alibi_ref import fused as fused_module
-from alibi_ref.attention import check_shapes, choose_impl
+from alibi_ref.attention import FUSED_CPU_MIN_KEYS, check_shapes, choose_impl
 
 needs_kernel = pytest.mark.skipif(not fused_module.available(), reason="the fused kernel is not built here "
                                   "(test_the_kernel_is_built_wherever_a_compiler_is says whether it should be)")
@@ -136,7 +136,7 @@ def test_a_nan_in_a_query_stays_in_its_row():
 
 @needs_kernel
 def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
-    """float32 and float64 from STRIDED_MIN_LEN keys, and below it where a gradient is taken, with or without a
+    """float32 and float64 from FUSED_CPU_MIN_KEYS keys, and below it where a gradient is taken, with or without a
     window; not for 16-bit inputs, dropout, padding, a few queries (a decoding step), or the weights."""
     def chosen(n, dtype=torch.float32, grad=False, q_len=None, **options):
         q = torch.zeros(1, 8, q_len or n, 16, dtype=dtype, requires_grad=grad)
@@ -145,8 +145,9 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
         dims = check_shapes(q, k, k, slopes, False)
         return choose_impl("auto", q, dims, options.pop("return_weights", False), v=k, **options)
 
-    assert chosen(128) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) == "fused"
-    assert chosen(64) != "fused" and chosen(64, grad=True) == "fused"
+    assert chosen(FUSED_CPU_MIN_KEYS) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) \
+        == "fused"
+    assert chosen(FUSED_CPU_MIN_KEYS - 1) != "fused" and chosen(FUSED_CPU_MIN_KEYS - 1, grad=True) == "fused"
     assert chosen(1024, torch.bfloat16) != "fused"
     assert chosen(1024, dropout=True) != "fused"
     assert chosen(1024, positional=True) != "fused"
