@@ -31,9 +31,8 @@ FUSED_MIN_LEN = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (docs/performance.md, "Training, batches, and two machines", N = 64)
 STRIDED_MIN_LEN = 128
-# on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too (below it, with a
-# gradient only): N = 64 0.94-1.07x plain SDPA against 1.03-1.36x at B = 1-32, N = 32 1.24x against 1.15x
-# (docs/performance.md, "The fused CPU kernel")
+# on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too; below it, only
+# where a gradient is taken (docs/performance.md, "The fused CPU kernel")
 FUSED_CPU_MIN_KEYS = 64
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
 # less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
