@@ -146,18 +146,19 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
         said = [f"{n} {tuple(x.shape)}" for n, x in zip("qkv", (q, k, v), strict=True) if n in names]
         return ", ".join(said[:-1]) + " and " + said[-1]
 
-    if q.ndim < 3 or not (q.ndim == k.ndim == v.ndim):
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape  # read once: each .shape of a tensor builds a new Size
+    if len(q_shape) < 3 or not (len(q_shape) == len(k_shape) == len(v_shape)):
         raise ValueError(
             "q, k and v must have the same rank >= 3, shaped (..., H, q_len, d), "
             f"(..., H_kv, k_len, d), (..., H_kv, k_len, d_v); got {shapes(*'qkv')}"
         )
-    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+    if not (q_shape[:-3] == k_shape[:-3] == v_shape[:-3]):
         raise ValueError(f"q, k and v must have the same leading (batch) dimensions, got {shapes(*'qkv')}")
-    n_heads, q_len, head_dim = q.shape[-3:]
-    n_kv_heads, k_len = k.shape[-3:-1]
-    if k.shape[-1] != head_dim:
+    n_heads, q_len, head_dim = q_shape[-3:]
+    n_kv_heads, k_len = k_shape[-3:-1]
+    if k_shape[-1] != head_dim:
         raise ValueError(f"q and k must have the same head dimension d, got {shapes('q', 'k')}")
-    if v.shape[-3:-1] != k.shape[-3:-1]:
+    if v_shape[-3:-1] != k_shape[-3:-1]:
         raise ValueError(f"k and v must have the same heads and length, got {shapes('k', 'v')}")
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ValueError(f"the {n_heads} query heads must be a multiple of the {n_kv_heads} key/value heads")
@@ -169,11 +170,11 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
                 dropout: bool = False, v=None, causal: bool = False, window: bool = False,
-                bias_kept: bool = False) -> str:
+                slopes=None) -> str:
     """The path to run. ``positional``: the call has key padding or explicit positions (the strided path takes
     each batch row's plain span, ``alibi_ref.padded``; ``alibi_attention`` says where flex does). ``dropout``:
-    attention dropout, which FlexAttention does not do. ``window``: a sliding window. ``bias_kept``: the call's
-    (H, i, j) bias would be kept between calls (``bias_is_kept``)."""
+    attention dropout, which FlexAttention does not do. ``window``: a sliding window. ``slopes``: the call's, to
+    ask whether its (H, i, j) bias would be kept between calls (``bias_is_kept``; asked only where it decides)."""
     check_impl(impl, dropout)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
@@ -190,7 +191,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if q.device.type != "cuda":
         if _fused_takes(q, v, dims, positional, dropout):
             return "fused"
-        if dims.k_len < STRIDED_MIN_LEN or (bias_kept and not positional and not window):
+        bias_kept = slopes is not None and not positional and not window and bias_is_kept(slopes, dims)
+        if dims.k_len < STRIDED_MIN_LEN or bias_kept:
             return "sdpa"
         # with padding each batch row has its own bias: no bias shared by the batch to beat strided's copies of q
         cheaper = _bias_is_cheaper(q, dims, causal) if not positional else dims.q_len <= FEW_QUERIES
@@ -333,7 +335,7 @@ def alibi_attention(
     window = check_window(window)
     per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
     chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
-                         window is not None, bias_is_kept(slopes, dims))
+                         window is not None, slopes)
     if chosen == "fused":
         from .fused import fused_alibi_attention, refusal
 
