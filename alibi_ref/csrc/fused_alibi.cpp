@@ -58,15 +58,15 @@ void transposed_times(int m, int n, int k, T alpha, const T* a, int lda, const T
   blas("N", "T", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
-// e^x for x <= 0, 0 below float's smallest normal number (a weight that small is below any row's rounding,
-// and a subnormal one would slow the products that read it), NaN kept. Cephes' expf: x = n ln 2 + f with
-// |f| <= ln 2 / 2, e^f by its degree-7 polynomial, 2^n by the exponent bits; written so the loop vectorises.
 namespace cephes {  // expf's constants, shared by the scalar and the vector form
 constexpr float LOWEST = -87.0f, LOG2E = 1.44269504088896341f, LN2_HIGH = 0.693359375f, LN2_LOW = -2.12194440e-4f;
 constexpr float POLY[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
                           1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace cephes
 
+// e^x for x <= 0, 0 below float's smallest normal number (a weight that small is below any row's rounding,
+// and a subnormal one would slow the products that read it), NaN kept. Cephes' expf: x = n ln 2 + f with
+// |f| <= ln 2 / 2, e^f by its degree-7 polynomial, 2^n by the exponent bits; written so the loop vectorises.
 inline float exp_weight(float x) {
   using namespace cephes;
   const float clamped = x < LOWEST ? LOWEST : x;
@@ -317,9 +317,8 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
             int64_t lo, hi;
             w.columns(sh, i0 + r, j0, cols, lo, hi);
             const T first = static_cast<T>(j0 - (i0 + r + sh.offset));
-            const T l = lse_h[i0 + r];
-#pragma omp simd
-            for (int64_t c = lo; c < hi; ++c) row[c] = exp_weight(row[c] - m * std::fabs(first + static_cast<T>(c)) - l);
+            add_bias(row, lo, hi, m, first);  // the forward's two passes, the log-sum-exp for the row's maximum
+            exponentiate(row, lo, hi, lse_h[i0 + r]);
             std::fill(row, row + lo, T(0));
             std::fill(row + hi, row + cols, T(0));
           }
