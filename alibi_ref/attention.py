@@ -34,6 +34,9 @@ STRIDED_MIN_LEN = 128
 # on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too; below it, only
 # where a gradient is taken (docs/performance.md, "The fused CPU kernel")
 FUSED_CPU_MIN_KEYS = 64
+# in bfloat16 (forward only) the kernel packs k and v at every call, which short sequences pay for: from this many
+# keys it beats SDPA with the kept bias (at 128 the two trade places by case; at 64 the bias is faster)
+FUSED_BF16_MIN_KEYS = 256
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
 # less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
 # the kept bias)
@@ -170,11 +173,12 @@ def check_shapes(q, k, v, slopes, causal: bool) -> Dims:
 
 def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool = False,
                 dropout: bool = False, v=None, causal: bool = False, window: bool = False,
-                slopes=None) -> str:
+                slopes=None, grad: bool | None = None) -> str:
     """The path to run. ``positional``: the call has key padding or explicit positions (the strided path takes
     each batch row's plain span, ``alibi_ref.padded``; ``alibi_attention`` says where flex does). ``dropout``:
     attention dropout, which FlexAttention does not do. ``window``: a sliding window. ``slopes``: the call's, to
-    ask whether its (H, i, j) bias would be kept between calls (``bias_is_kept``; asked only where it decides)."""
+    ask whether its (H, i, j) bias would be kept between calls (``bias_is_kept``; asked only where it decides).
+    ``grad``: whether a gradient will be taken through the call (None: asked of q and v)."""
     check_impl(impl, dropout)
     if is_jax(q):
         return _choose_jax(impl, q, q if v is None else v, return_weights)
@@ -189,7 +193,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if window and dims.q_len > dims.k_len:
         return "sdpa"  # a window can leave the first queries no key: sdpa zeroes their rows (strided refuses them)
     if q.device.type != "cuda":
-        if _fused_takes(q, v, dims, positional, dropout):
+        if _fused_takes(q, v, dims, positional, dropout, grad):
             return "fused"
         bias_kept = slopes is not None and not positional and not window and bias_is_kept(slopes, dims)
         if dims.k_len < STRIDED_MIN_LEN or bias_kept:
@@ -205,17 +209,28 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     return "flex" if long_enough and flex_available() and not dropout else "sdpa"
 
 
-def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool) -> bool:
+def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool, grad: bool | None) -> bool:
     """Whether "auto" takes the fused CPU kernel: where it is built (``alibi_ref.fused``) and takes the call;
     from FUSED_CPU_MIN_KEYS keys, and below that where a gradient will be taken (forward+backward it ran faster
-    than plain SDPA there, forward alone slower: docs/performance.md); not for a few queries (a decoding step),
-    where the bias's few rows cost less than the kernel's blocks."""
+    than plain SDPA there, forward alone slower: docs/performance.md); bfloat16 without a gradient from
+    FUSED_BF16_MIN_KEYS; not for a few queries (a decoding step), where the bias's few rows cost less than the
+    kernel's blocks."""
     from . import fused
 
-    if dims.q_len <= FEW_QUERIES or fused.refusal(q, q if v is None else v, float(dropout), positional) is not None:
+    if grad is None:
+        grad = fused.torch.is_grad_enabled() and (q.requires_grad or (v is not None and v.requires_grad))
+    v = q if v is None else v
+    if dims.q_len <= FEW_QUERIES or fused.refusal(q, v, float(dropout), positional, grad=grad) is not None:
         return False
-    training = fused.torch.is_grad_enabled() and (q.requires_grad or (v is not None and v.requires_grad))
-    return (dims.k_len >= FUSED_CPU_MIN_KEYS or training) and fused.available()
+    min_keys = FUSED_BF16_MIN_KEYS if q.dtype == fused.torch.bfloat16 else FUSED_CPU_MIN_KEYS
+    return (dims.k_len >= min_keys or grad) and fused.available()
+
+
+def _grad_taken(*tensors) -> bool:
+    """Whether autograd will record a call on these torch tensors."""
+    import torch
+
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
 
 
 def check_impl(impl: str, dropout: bool = False) -> None:
@@ -288,12 +303,13 @@ def alibi_attention(
     with it as ``bias``, the default there for float32 and 16-bit floats), "strided" (the same kernel, the bias a
     strided view of one row per head, see ``alibi_ref.strided``), "flex" (FlexAttention compiled, the bias
     computed inside the kernel; the CUDA path), "fused" (``alibi_ref.fused``: a CPU kernel of our own, the bias
-    computed where the scores are; float32 and float64, no dropout or padding), or "auto":
-    naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
+    computed where the scores are; float32 and float64, bfloat16 forward only, no dropout or padding), or
+    "auto": naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
     on the CPU fused where it is built and takes the call (from FUSED_CPU_MIN_KEYS keys, or where a gradient is
-    taken); otherwise strided from STRIDED_MIN_LEN keys, sdpa below, where the bias (up to KEPT_BIAS_NUMBERS
-    numbers) is kept between calls (``bias_is_kept``), and for symmetric attention over a batch whose bias is
-    small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN keys, sdpa below.
+    taken; bfloat16 from FUSED_BF16_MIN_KEYS); otherwise strided from STRIDED_MIN_LEN keys, sdpa below, where
+    the bias (up to KEPT_BIAS_NUMBERS numbers) is kept between calls (``bias_is_kept``), and for symmetric
+    attention over a batch whose bias is small beside q (k_len <= B d / 4); on CUDA flex from FUSED_MIN_LEN
+    keys, sdpa below.
     strided, flex and fused never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
     once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
     a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
@@ -334,13 +350,14 @@ def alibi_attention(
     dropout_p = _check_dropout(dropout_p, q)
     window = check_window(window)
     per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
+    grad = is_tensor(q) and _grad_taken(q, k, v, slopes)
     chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
-                         window is not None, slopes)
+                         window is not None, slopes, grad)
     if chosen == "fused":
         from .fused import fused_alibi_attention, refusal
 
         if impl == "fused":  # asked for by name; "auto" took it only where it fits (``_fused_takes``)
-            why = refusal(q, v, dropout_p, per_row is not None, return_weights)
+            why = refusal(q, v, dropout_p, per_row is not None, return_weights, grad)
             if why is None and window is not None and dims.q_len > dims.k_len:
                 why = "a window can leave the first queries, before the first key, no key at all"
             if why is not None:

@@ -13,7 +13,14 @@ product (the BLAS torch links and exports: MKL on x86), the softmax runs online 
 backward pass recomputes each block's weights from the forward's log-sum-exp and returns dq, dk, dv and
 the slopes' gradient (learned slopes need no second path). Causal blocks past the diagonal are never
 computed; a sliding window, or each head's reach (``alibi_ref.reach``), skips the blocks outside it.
-float32 and float64 on the CPU; other dtypes, dropout, padding and positions take the other paths.
+float32 and float64 on the CPU, forward and backward.
+
+bfloat16, forward only (a call that takes a gradient goes to the other paths), where oneDNN's brgemm runs
+(AVX512-BF16 or AMX; ``takes_bfloat16()`` in the kernel says): the products take bfloat16 into float32, as
+torch's own flash kernel does, the softmax runs in float32, and the weights are rounded to bfloat16 for the
+product with v, so the output rounds as bfloat16 SDPA's. brgemm reads k^T and v packed in pairs of rows
+(VNNI), which the kernel writes once per call. Other dtypes, dropout, padding and positions take the other
+paths.
 
 Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (a compile of some
 seconds, once per machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU
@@ -39,7 +46,9 @@ SOURCE = Path(__file__).parent / "csrc" / "fused_alibi.cpp"
 # -march=native: the binary is built for the machine that runs it (its name carries the CPU's model and
 # features); 512-bit vectors where the CPU has them, for the score passes; -fno-math-errno lets them vectorise
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
-DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64)  # forward and backward; bfloat16 forward only
+# bfloat16's products read k and v packed 16, 32, 48 or 64 columns at a time (oneDNN's brgemm)
+BF16_HEAD_MULTIPLE = 16
 
 
 def kernel_dir() -> Path:
@@ -116,12 +125,18 @@ def build(verbose: bool = False):
     return _loaded()
 
 
-def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weights: bool = False) -> str | None:
-    """Why the kernel cannot take this call, or None where it can (built or not)."""
+def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weights: bool = False,
+            grad: bool = False) -> str | None:
+    """Why the kernel cannot take this call, or None where it can (built or not). ``grad``: whether a gradient
+    will be taken through it."""
     if not (isinstance(q, torch.Tensor) and q.device.type == "cpu"):
         return "it runs on the CPU, on torch tensors"
-    if q.dtype not in DTYPES:
-        return f"it computes in float32 and float64, got {q.dtype}"
+    if q.dtype == torch.bfloat16:
+        why = _bfloat16_refusal(q, grad)
+        if why is not None:
+            return why
+    elif q.dtype not in DTYPES:
+        return f"it computes in float32 and float64 (bfloat16 forward only), got {q.dtype}"
     if v.shape[-1] != q.shape[-1]:
         return f"it needs v's head size equal to q's, got {v.shape[-1]} and {q.shape[-1]}"
     if dropout_p:
@@ -133,6 +148,23 @@ def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weigh
     if torch.compiler.is_compiling():
         return "torch.compile cannot trace into it"
     return None
+
+
+def _bfloat16_refusal(q, grad: bool) -> str | None:
+    if grad:
+        return "it takes bfloat16 forward only, and this call takes a gradient"
+    if q.shape[-1] % BF16_HEAD_MULTIPLE:
+        return f"bfloat16 needs a head size that is a multiple of {BF16_HEAD_MULTIPLE}, got {q.shape[-1]}"
+    if available() and not takes_bfloat16():  # not built: impl="fused" builds it, and its forward says so
+        return "bfloat16 needs oneDNN's brgemm, which this CPU (no AVX512-BF16 or AMX) or torch lacks"
+    return None
+
+
+def takes_bfloat16() -> bool:
+    """Whether the built kernel takes bfloat16 here (oneDNN's brgemm runs on this CPU); False where it is not
+    built."""
+    kernel = _loaded() if available() else None
+    return kernel is not None and kernel.takes_bfloat16()
 
 
 def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: int, window=None):

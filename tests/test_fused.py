@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from alibi_ref import alibi_attention, get_slopes
 from alibi_ref import fused as fused_module
-from alibi_ref.attention import FUSED_CPU_MIN_KEYS, check_shapes, choose_impl
+from alibi_ref.attention import FUSED_BF16_MIN_KEYS, FUSED_CPU_MIN_KEYS, check_shapes, choose_impl
 
 needs_kernel = pytest.mark.skipif(not fused_module.available(), reason="the fused kernel is not built here "
                                   "(test_the_kernel_is_built_wherever_a_compiler_is says whether it should be)")
+needs_bfloat16 = pytest.mark.skipif(not fused_module.takes_bfloat16(), reason="the kernel takes bfloat16 only where "
+                                    "oneDNN's brgemm runs (AVX512-BF16 or AMX), or it is not built here")
 
 
 def test_the_kernel_is_built_wherever_a_compiler_is():
@@ -96,6 +98,44 @@ def test_float32_forward_is_as_close_to_float64_as_naive_float32_for_any_shape_a
     assert error < 2 * naive_error + 1e-6, (error, naive_error)
 
 
+@needs_bfloat16
+@settings(max_examples=30, deadline=None)
+@given(heads=st.sampled_from([(1, 1), (4, 2), (3, 1)]), q_len=st.integers(1, 300), extra_keys=st.integers(0, 300),
+       d=st.sampled_from([16, 32, 48, 80, 128]), causal=st.booleans(), left=st.integers(-1, 90),
+       right=st.integers(-1, 90), seed=st.integers(0, 2**16))
+def test_bfloat16_forward_is_as_close_to_float64_as_bfloat16_sdpa_for_any_shape_and_window(
+        heads, q_len, extra_keys, d, causal, left, right, seed):
+    """bfloat16 takes products of its own (oneDNN's brgemm on k and v packed in pairs, 64 columns at a time, so
+    head sizes of 16, 48 and 80 leave part of a chunk) and rounds its weights to bfloat16 as SDPA does: within
+    twice SDPA's distance from float64, with the bias materialised for SDPA."""
+    torch.manual_seed(seed)
+    k_len = q_len + extra_keys
+    q = torch.randn(1, heads[0], q_len, d)
+    k, v = (torch.randn(1, heads[1], k_len, d) for _ in range(2))
+    slopes = torch.rand(heads[0]) * 2 - 0.5
+    options = dict(causal=causal, window=(left, right))
+    exact = alibi_attention(q.double(), k.double(), v.double(), slopes.double(), impl="naive", **options)
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+    fused = alibi_attention(q, k, v, slopes, impl="fused", **options)
+    assert fused.dtype == torch.bfloat16
+    sdpa = alibi_attention(q, k, v, slopes, impl="sdpa", **options).double()
+    error, sdpa_error = (float((x.double() - exact).abs().max()) for x in (fused, sdpa))
+    assert error < 2 * sdpa_error + 2**-8, (error, sdpa_error)  # 2^-8: a bfloat16 unit at 1
+
+
+@needs_bfloat16
+def test_bfloat16_takes_the_fused_forward_only_where_no_gradient_is_taken():
+    """A gradient of k alone (q and v take none) still sends the call to a path with a backward."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, FUSED_BF16_MIN_KEYS, 16, dtype=torch.bfloat16) for _ in range(3))
+    slopes = torch.tensor(get_slopes(2))
+    k.requires_grad_()
+    alibi_attention(q, k, v, slopes).sum().backward()
+    assert k.grad is not None and k.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert alibi_attention(q, k, v, slopes).equal(alibi_attention(q, k, v, slopes, impl="fused"))
+
+
 @needs_kernel
 def test_strided_inputs_and_a_leading_batch_shape_are_read_in_place():
     """(B, T, H, d) transposed to (B, H, T, d), as ALiBiMultiheadAttention makes them, and extra leading dims."""
@@ -137,7 +177,8 @@ def test_a_nan_in_a_query_stays_in_its_row():
 @needs_kernel
 def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     """float32 and float64 from FUSED_CPU_MIN_KEYS keys, and below it where a gradient is taken, with or without a
-    window; not for 16-bit inputs, dropout, padding, a few queries (a decoding step), or the weights."""
+    window; bfloat16 from FUSED_BF16_MIN_KEYS where no gradient is taken; not for float16, dropout, padding, a few
+    queries (a decoding step), or the weights."""
     def chosen(n, dtype=torch.float32, grad=False, q_len=None, **options):
         q = torch.zeros(1, 8, q_len or n, 16, dtype=dtype, requires_grad=grad)
         k = torch.zeros(1, 8, n, 16, dtype=dtype)
@@ -148,7 +189,9 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     assert chosen(FUSED_CPU_MIN_KEYS) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) \
         == "fused"
     assert chosen(FUSED_CPU_MIN_KEYS - 1) != "fused" and chosen(FUSED_CPU_MIN_KEYS - 1, grad=True) == "fused"
-    assert chosen(1024, torch.bfloat16) != "fused"
+    assert (chosen(FUSED_BF16_MIN_KEYS, torch.bfloat16) == "fused") == fused_module.takes_bfloat16()
+    assert chosen(FUSED_BF16_MIN_KEYS - 1, torch.bfloat16) != "fused"
+    assert chosen(1024, torch.bfloat16, grad=True) != "fused" and chosen(1024, torch.float16) != "fused"
     assert chosen(1024, dropout=True) != "fused"
     assert chosen(1024, positional=True) != "fused"
     assert chosen(1024, q_len=1) == "sdpa"
@@ -156,9 +199,14 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
 
 
 def test_the_fused_path_says_why_it_cannot_take_a_call():
-    q = torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"float32 and float64, got torch\.bfloat16"):
+    q = torch.zeros(1, 2, 8, 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"float32 and float64 \(bfloat16 forward only\), got torch\.float16"):
         alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused")
+    q = torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(ValueError, match="bfloat16 forward only, and this call takes a gradient"):
+        alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused")
+    with pytest.raises(ValueError, match="a head size that is a multiple of 16, got 8"):
+        alibi_attention(*[q.detach()[..., :8]] * 3, torch.tensor([0.5, 0.25]), impl="fused")
     q = torch.zeros(1, 2, 8, 4)
     with pytest.raises(ValueError, match="no attention dropout"):
         alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused", dropout_p=0.1)

@@ -3,11 +3,14 @@
 // Flash attention (Dao et al., 2022) in blocks of queries i and keys j, per batch row b and head h:
 //   s_ij = scale q_i . k_j - m_h |p_i - p_j|,   p_i = i + (k_len - q_len), p_j = j
 //   o_i  = sum_j softmax_j(s_ij) v_j            (causal: over p_j <= p_i only)
-// The scores of a block come from one BLAS product; the bias is added to them in the pass that takes the
-// row's maximum, so no bias is ever read from memory. The backward pass recomputes each block's weights
-// from the forward's log-sum-exp and gives dq, dk, dv and each head's slope gradient.
+// The scores of a block come from one BLAS product (bfloat16: oneDNN's brgemm, see Packed); scale and bias
+// are applied in the pass that takes the row's maximum, so no bias is ever read from memory. The backward pass
+// (float32, float64) recomputes each block's weights from the forward's log-sum-exp and gives dq, dk, dv and
+// each head's slope gradient.
 #include <torch/extension.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,19 +44,19 @@ inline void blas(const char* ta, const char* tb, int m, int n, int k, double alp
 }
 
 // row-major C (m x n) = alpha A B^T + beta C, A (m x k), B (n x k)
-template <typename T>
-void times_transposed(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
+template <typename T, typename A>
+void times_transposed(int m, int n, int k, A alpha, const T* a, int lda, const T* b, int ldb, A beta, A* c,
                       int ldc) {
   blas("T", "N", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 // row-major C (m x n) = alpha A B + beta C, A (m x k), B (k x n)
-template <typename T>
-void times(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
+template <typename T, typename A>
+void times(int m, int n, int k, A alpha, const T* a, int lda, const T* b, int ldb, A beta, A* c, int ldc) {
   blas("N", "N", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 // row-major C (m x n) = alpha A^T B + beta C, A (k x m), B (k x n)
-template <typename T>
-void transposed_times(int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb, T beta, T* c,
+template <typename T, typename A>
+void transposed_times(int m, int n, int k, A alpha, const T* a, int lda, const T* b, int ldb, A beta, A* c,
                       int ldc) {
   blas("N", "T", n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
 }
@@ -84,76 +87,98 @@ inline float exp_weight(float x) {
 inline double exp_weight(double x) { return x < -708.0 ? 0.0 : std::exp(x); }
 
 // The two passes over a row of scores, columns [lo, hi): first = p_j - p_i at column 0.
-// add_bias: s_c -= m |first + c|, returns the largest (a NaN score is passed over, and stays in the row)
+// add_bias: s_c = scale s_c - m |first + c| (s_c = q_i . k_j), returns the largest (a NaN score is passed
+// over, and stays in the row)
 template <typename T>
-T add_bias(T* row, int64_t lo, int64_t hi, T m, T first) {
+T add_bias(T* row, int64_t lo, int64_t hi, T scale, T m, T first) {
   T largest = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : largest)
   for (int64_t c = lo; c < hi; ++c) {
-    const T x = row[c] - m * std::fabs(first + static_cast<T>(c));  // the bias, -m |p_i - p_j|
+    const T x = scale * row[c] - m * std::fabs(first + static_cast<T>(c));  // the bias, -m |p_i - p_j|
     row[c] = x;
     largest = x > largest ? x : largest;  // not std::max, which kept gcc from vectorising the loop
   }
   return largest;
 }
-// exponentiate: s_c = e^(s_c - max), returns their sum
-template <typename T>
-T exponentiate(T* row, int64_t lo, int64_t hi, T max) {
-  T sum = 0;
+// exponentiate: w_c = e^(s_c - max), returns their sum. w is the row itself, or for 16-bit inputs the
+// weights rounded to q's dtype for the product with v (the sum is of the weights before rounding, as torch's).
+template <typename A, typename W>
+A exponentiate(const A* row, W* w, int64_t lo, int64_t hi, A max) {
+  A sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = lo; c < hi; ++c) {
-    row[c] = exp_weight(row[c] - max);
-    sum += row[c];
+    const A e = exp_weight(row[c] - max);
+    w[c] = static_cast<W>(e);
+    sum += e;
   }
   return sum;
 }
 
 #ifdef __AVX512F__
 // float32 in 512-bit vectors, written out: gcc's loops above end each row in 16 serial additions
-inline __m512 exp_weight(__m512 x) {  // exp_weight(float), 16 at a time
+// exp_weight(float), 16 at a time. FIRST > 0 drops the polynomial's first terms, for weights rounded to bfloat16:
+// FIRST = 2 is degree 5, within 3.3e-6 of e^x (relative; 1.1e-9 with all terms), under a thousandth of
+// bfloat16's rounding.
+template <int FIRST = 0>
+inline __m512 exp_weight(__m512 x) {
   using namespace cephes;
   const __m512 lowest = _mm512_set1_ps(LOWEST);
   const __m512 clamped = _mm512_max_ps(lowest, x);  // max_ps gives its second operand, x, where x is NaN
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(LOG2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), clamped));
-  __m512 p = _mm512_set1_ps(POLY[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(POLY[i]));
+  __m512 p = _mm512_set1_ps(POLY[FIRST]);
+  for (int i = FIRST + 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(POLY[i]));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, f), f, f), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  const __m512 e = _mm512_scalef_ps(p, n);  // p 2^n, as exact as the scalar form's exponent bits
   return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ), _mm512_setzero_ps());  // NaN: not below
 }
 // the columns c .. c + 15 that are below hi
 inline __mmask16 below(int64_t c, int64_t hi) { return hi - c >= 16 ? 0xFFFF : (1u << (hi - c)) - 1; }
 
 template <>
-float add_bias(float* row, int64_t lo, int64_t hi, float m, float first) {
-  const __m512 slope = _mm512_set1_ps(m), step = _mm512_set1_ps(16.0f);
+float add_bias(float* row, int64_t lo, int64_t hi, float scale, float m, float first) {
+  const __m512 factor = _mm512_set1_ps(scale), slope = _mm512_set1_ps(m), step = _mm512_set1_ps(16.0f);
   __m512 distance = _mm512_add_ps(_mm512_set1_ps(first + static_cast<float>(lo)),
                                   _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   __m512 largest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t c = lo; c < hi; c += 16) {
     const __mmask16 k = below(c, hi);
-    const __m512 x = _mm512_fnmadd_ps(slope, _mm512_abs_ps(distance), _mm512_maskz_loadu_ps(k, row + c));
+    const __m512 score = _mm512_mul_ps(factor, _mm512_maskz_loadu_ps(k, row + c));
+    const __m512 x = _mm512_fnmadd_ps(slope, _mm512_abs_ps(distance), score);
     _mm512_mask_storeu_ps(row + c, k, x);
     largest = _mm512_mask_max_ps(largest, k, x, largest);  // max_ps gives its second operand where x is NaN
     distance = _mm512_add_ps(distance, step);
   }
   return _mm512_reduce_max_ps(largest);
 }
-template <>
-float exponentiate(float* row, int64_t lo, int64_t hi, float max) {
+inline void store(float* to, __mmask16 k, __m512 w) { _mm512_mask_storeu_ps(to, k, w); }
+#ifdef __AVX512BF16__
+inline void store(at::BFloat16* to, __mmask16 k, __m512 w) {  // rounded to nearest even, as at::BFloat16 rounds
+  _mm256_mask_storeu_epi16(to, k, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(w)));
+}
+#endif
+template <typename W>
+float exponentiate_vectors(const float* row, W* to, int64_t lo, int64_t hi, float max) {
   const __m512 shift = _mm512_set1_ps(max);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t c = lo; c < hi; c += 16) {
     const __mmask16 k = below(c, hi);
-    const __m512 w = exp_weight(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + c), shift));
-    _mm512_mask_storeu_ps(row + c, k, w);
+    constexpr int first_term = std::is_same_v<W, float> ? 0 : 2;
+    const __m512 w = exp_weight<first_term>(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + c), shift));
+    store(to + c, k, w);
     sum = _mm512_mask_add_ps(sum, k, sum, w);
   }
   return _mm512_reduce_add_ps(sum);
 }
+inline float exponentiate(const float* row, float* w, int64_t lo, int64_t hi, float max) {
+  return exponentiate_vectors(row, w, lo, hi, max);
+}
+#ifdef __AVX512BF16__
+inline float exponentiate(const float* row, at::BFloat16* w, int64_t lo, int64_t hi, float max) {
+  return exponentiate_vectors(row, w, lo, hi, max);
+}
+#endif
 #endif
 
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
@@ -171,12 +196,14 @@ struct Scratch {
 // Runs work(task, buffers) for task = 0 .. n_tasks - 1 on torch's threads, each thread taking the next task
 // when it is done with one: tasks differ in cost (a causal block's keys grow with its queries, a head's window
 // or reach narrows it), and a static split gave one thread the costly half. Each thread makes its buffers once.
-template <typename Make, typename Work>
-void each_task(int64_t n_tasks, Make make_buffers, Work work) {
+// done() runs on each thread at its end.
+template <typename Make, typename Work, typename Done = void (*)()>
+void each_task(int64_t n_tasks, Make make_buffers, Work work, Done done = [] {}) {
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
     auto buffers = make_buffers();
     for (int64_t task = next++; task < n_tasks; task = next++) work(task, buffers);
+    done();
   });
 }
 
@@ -211,62 +238,239 @@ struct Rows {
   T* at(int64_t b, int64_t h, int64_t n) const { return data + b * sb + h * sh + n * sn; }
 };
 
+// The forward's two products for float32 and float64: BLAS, on k and v as they are.
 template <typename T>
-void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const T* slopes,
-                    const Seen* seen, T scale, const Shape& sh, torch::Tensor& out, torch::Tensor& lse) {
-  const Rows<T> Q(q), K(k), V(v), O(out);
-  T* lse_data = lse.data_ptr<T>();  // (B, H, i), contiguous
+struct Plain {
+  static constexpr int64_t ALIGN = 1;  // a block of keys may start anywhere
+  Rows<T> K, V;
+  int64_t d;
+  Plain(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh) : K(k), V(v), d(sh.d) {}
+  // s (rows, cols) = q k^T, keys [j0, j0 + cols)
+  void scores(int64_t rows, int64_t cols, const T* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0, T* s) const {
+    times_transposed(rows, cols, d, T(1), q, ld_q, K.at(b, kv, j0), K.sn, T(0), s, K_BLOCK);
+  }
+  // acc (rows, d) += p v
+  void add_weighted(int64_t rows, int64_t cols, const T* p, int64_t b, int64_t kv, int64_t j0, T* acc) const {
+    times(rows, d, cols, T(1), p, K_BLOCK, V.at(b, kv, j0), V.sn, T(1), acc, d);
+  }
+  static void release() {}
+};
+
+// bfloat16's: oneDNN's brgemm (torch's cpublas, the route of its own flash kernel for 16-bit inputs), bf16 x
+// bf16 into float32. brgemm reads its right operand (K, N) in VNNI pairs, (K / 2, N, 2): two rows interleaved,
+// at most 64 columns at a time; k^T and v are packed so once per call.
+namespace cpublas = at::native::cpublas;
+constexpr int64_t VNNI_N = 64;
+
+// whether brgemm runs here and its packed layout is the VNNI pairs this file writes (checked once, on a small
+// matrix through cpublas::pack, which writes the layout brgemm reads)
+bool takes_bfloat16() {
+  static const bool takes = [] {
+    if (!cpublas::could_pack(at::kBFloat16)) return false;
+    constexpr int64_t K = 4, N = 16;
+    std::vector<at::BFloat16> plain(K * N), packed(K * N);
+    for (int64_t i = 0; i < K * N; ++i) plain[i] = at::BFloat16(static_cast<float>(i));
+    cpublas::pack(K, N, N, N, at::kBFloat16, at::kBFloat16, plain.data(), packed.data());
+    for (int64_t r = 0; r < K; ++r)
+      for (int64_t c = 0; c < N; ++c)
+        if (static_cast<float>(packed[(r / 2) * 2 * N + 2 * c + r % 2]) != static_cast<float>(plain[r * N + c]))
+          return false;
+    return true;
+  }();
+  return takes;
+}
+
+struct Packed {
+  using BF = at::BFloat16;
+  static constexpr int64_t ALIGN = VNNI_N;  // blocks of keys start at a packed chunk of 64
+  int64_t d, kv_heads, chunks, padded;  // padded: k_len rounded up to 64
+  torch::Tensor k_packed, v_packed;
+  const BF *kp, *vp;
+  Packed(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh)
+      : d(sh.d), kv_heads(sh.heads / sh.groups), chunks((sh.k_len + VNNI_N - 1) / VNNI_N), padded(chunks * VNNI_N) {
+    k_packed = torch::empty({sh.batch, kv_heads, padded * d}, k.options());
+    v_packed = torch::empty({sh.batch, kv_heads, padded * d}, v.options());
+    const Rows<BF> K(k), V(v);
+    BF* kd = k_packed.data_ptr<BF>();
+    BF* vd = v_packed.data_ptr<BF>();
+    at::parallel_for(0, sh.batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t chunk = t % chunks, bkv = t / chunks, b = bkv / kv_heads, kv = bkv % kv_heads;
+        const int64_t j0 = chunk * VNNI_N, n = std::min(VNNI_N, sh.k_len - j0);
+        pack_keys(K, b, kv, j0, n, kd + bkv * padded * d + j0 * d);
+        pack_values(V, b, kv, j0, n, vd + bkv * padded * d);
+      }
+    });
+    kp = kd;
+    vp = vd;
+  }
+  // k^T for keys [j0, j0 + n): (d / 2, 64, 2), zero past the last key. A pair of bf16 is 32 bits, so this is the
+  // transpose of the keys' rows read as (n, d / 2) 32-bit words.
+  void pack_keys(const Rows<BF>& K, int64_t b, int64_t kv, int64_t j0, int64_t n, BF* to) const {
+    auto* out = reinterpret_cast<uint32_t*>(to);
+    const int64_t words = d / 2;
+#ifdef __AVX512BF16__
+    for (int64_t jt = 0; jt < VNNI_N; jt += 16)  // in tiles of 16 keys by 16 words
+      for (int64_t w0 = 0; w0 < words; w0 += 16) {
+        const __mmask16 part = below(w0, words);
+        __m512i tile[16];
+        for (int64_t j = 0; j < 16; ++j)
+          tile[j] = jt + j < n ? _mm512_maskz_loadu_epi32(part, K.at(b, kv, j0 + jt + j) + 2 * w0)
+                               : _mm512_setzero_si512();
+        transpose(tile);
+        for (int64_t w = 0; w < std::min<int64_t>(16, words - w0); ++w)
+          _mm512_storeu_si512(out + (w0 + w) * VNNI_N + jt, tile[w]);
+      }
+#else
+    for (int64_t j = 0; j < VNNI_N; ++j) {
+      const auto* row = reinterpret_cast<const uint32_t*>(K.at(b, kv, j0 + std::min(j, n - 1)));
+      for (int64_t c = 0; c < words; ++c) out[c * VNNI_N + j] = j < n ? row[c] : 0u;
+    }
+#endif
+  }
+  // v for keys [j0, j0 + n), per 64 of its columns: (k_len / 2, 64, 2) over all keys, zero past the last key;
+  // pairs of rows, interleaved
+  void pack_values(const Rows<BF>& V, int64_t b, int64_t kv, int64_t j0, int64_t n, BF* head) const {
+    for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
+      const int64_t width = std::min(VNNI_N, d - c0);
+      BF* to = head + c0 * padded + j0 * width;
+      for (int64_t j = 0; j < VNNI_N; j += 2) {
+        const BF* even = j < n ? V.at(b, kv, j0 + j) + c0 : nullptr;
+        const BF* odd = j + 1 < n ? V.at(b, kv, j0 + j + 1) + c0 : nullptr;
+#ifdef __AVX512BF16__
+        // unpack interleaves within 128-bit lanes: lo holds columns 0-3, 8-11, 16-19, 24-27, hi the others
+        const __m512i first_half = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+        const __m512i second_half = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+        for (int64_t c = 0; c < width; c += 32) {  // width is a multiple of 16
+          const __mmask32 part = width - c >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
+          const __m512i a = even ? _mm512_maskz_loadu_epi16(part, even + c) : _mm512_setzero_si512();
+          const __m512i z = odd ? _mm512_maskz_loadu_epi16(part, odd + c) : _mm512_setzero_si512();
+          const __m512i lo = _mm512_unpacklo_epi16(a, z), hi = _mm512_unpackhi_epi16(a, z);
+          _mm512_storeu_si512(to + j * width + 2 * c, _mm512_permutex2var_epi64(lo, first_half, hi));
+          if (width - c >= 32)
+            _mm512_storeu_si512(to + j * width + 2 * c + 32, _mm512_permutex2var_epi64(lo, second_half, hi));
+        }
+#else
+        const BF zero(0.0f);
+        for (int64_t c = 0; c < width; ++c) {
+          to[j * width + 2 * c] = even ? even[c] : zero;
+          to[j * width + 2 * c + 1] = odd ? odd[c] : zero;
+        }
+#endif
+      }
+    }
+  }
+#ifdef __AVX512BF16__
+  // 16 x 16 32-bit words, transposed in place: pairs of rows interleaved by 32 bits, then by 64, then 128-bit
+  // lanes exchanged twice
+  static void transpose(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+      r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+      r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+      r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+      t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+      t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+      t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+      r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+  }
+#endif
+  // s (rows, cols) = q k^T, keys [j0, j0 + cols), j0 a multiple of 64; columns up to the next 64 are computed
+  // (from zero keys) and not read
+  void scores(int64_t rows, int64_t cols, const BF* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0,
+              float* s) const {
+    const BF* k_head = kp + (b * kv_heads + kv) * padded * d;
+    for (int64_t c0 = 0; c0 < cols; c0 += VNNI_N)
+      cpublas::brgemm(rows, VNNI_N, d, ld_q, VNNI_N, K_BLOCK, false, q, k_head + (j0 + c0) * d, s + c0);
+  }
+  // acc (rows, d) += p v; p's columns from cols up to an even count must be 0
+  void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc) const {
+    const BF* v_head = vp + (b * kv_heads + kv) * padded * d;
+    const int64_t even = cols + cols % 2;
+    for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
+      const int64_t width = std::min(VNNI_N, d - c0);
+      cpublas::brgemm(rows, width, even, K_BLOCK, width, d, true, p, v_head + c0 * padded + j0 * width, acc + c0);
+    }
+  }
+  static void release() { cpublas::brgemm_release(); }
+};
+
+// Products: Plain or Packed. T: q's dtype; A: the dtype of the scores and the softmax, float for bfloat16 (whose
+// weights are rounded back to it for the product with v, as torch's flash kernel does), else T.
+template <typename T, typename Products>
+void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const at::opmath_type<T>* slopes, const Seen* seen, at::opmath_type<T> scale, const Shape& sh,
+                    torch::Tensor& out, torch::Tensor& lse) {
+  using A = at::opmath_type<T>;
+  constexpr bool rounded = !std::is_same_v<T, A>;
+  const Products products(k, v, sh);
+  const Rows<T> Q(q), O(out);
+  A* lse_data = lse.data_ptr<A>();  // (B, H, i), contiguous
   const int64_t d = sh.d, q_blocks = (sh.q_len + Q_BLOCK - 1) / Q_BLOCK;
   struct Buffers {
-    Scratch<T> s, acc, row_max, row_sum;
+    Scratch<A> s, acc, row_max, row_sum;
+    Scratch<T> weights;  // 16-bit inputs only: the weights rounded to T
   };
-  auto make = [&] { return Buffers{Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK * d), Scratch<T>(Q_BLOCK),
-                                   Scratch<T>(Q_BLOCK)}; };
+  auto make = [&] { return Buffers{Scratch<A>(Q_BLOCK * K_BLOCK), Scratch<A>(Q_BLOCK * d), Scratch<A>(Q_BLOCK),
+                                   Scratch<A>(Q_BLOCK), Scratch<T>(rounded ? Q_BLOCK * K_BLOCK : 0)}; };
   // the costliest first, so that the last tasks are short: the last query blocks (most keys under a causal
   // mask), then the last heads (the flattest slopes, whose reach is longest)
   each_task(sh.batch * sh.heads * q_blocks, make, [&](int64_t task, Buffers& buffers) {
-      auto& [s, acc, row_max, row_sum] = buffers;
+      auto& [s, acc, row_max, row_sum, rounded_weights] = buffers;
+      T* weights = rounded ? rounded_weights.data() : reinterpret_cast<T*>(s.data());  // T is A where not rounded
       const int64_t i0 = (q_blocks - 1 - task / (sh.batch * sh.heads)) * Q_BLOCK;
       const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads % sh.batch;
       const int64_t rows = std::min(Q_BLOCK, sh.q_len - i0), kv = h / sh.groups;
-      const T m = slopes[h];
+      const A m = slopes[h];
       const Seen& w = seen[h];
-      std::fill(acc.data(), acc.data() + rows * d, T(0));
-      std::fill(row_max.data(), row_max.data() + rows, -std::numeric_limits<T>::infinity());
-      std::fill(row_sum.data(), row_sum.data() + rows, T(0));
+      std::fill(acc.data(), acc.data() + rows * d, A(0));
+      std::fill(row_max.data(), row_max.data() + rows, -std::numeric_limits<A>::infinity());
+      std::fill(row_sum.data(), row_sum.data() + rows, A(0));
       const int64_t last = w.last(sh, i0, rows);
-      for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
+      for (int64_t j0 = w.first(sh, i0) / Products::ALIGN * Products::ALIGN; j0 < last; j0 += K_BLOCK) {
         const int64_t cols = std::min(K_BLOCK, last - j0);
-        times_transposed<T>(rows, cols, d, scale, Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), s.data(),
-                            K_BLOCK);  // (rows, cols) = scale q k^T
+        products.scores(rows, cols, Q.at(b, h, i0), Q.sn, b, kv, j0, s.data());  // (rows, cols) = q k^T
         for (int64_t r = 0; r < rows; ++r) {
-          T* row = s.data() + r * K_BLOCK;
+          A* row = s.data() + r * K_BLOCK;
+          T* weight = weights + r * K_BLOCK;
           int64_t lo, hi;
           w.columns(sh, i0 + r, j0, cols, lo, hi);
-          const T first = static_cast<T>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
-          const T new_max = std::max(row_max[r], add_bias(row, lo, hi, m, first));
-          const T block_sum = exponentiate(row, lo, hi, new_max);
-          std::fill(row, row + lo, T(0));  // keys the query does not see
-          std::fill(row + hi, row + cols, T(0));
+          const A first = static_cast<A>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
+          const A new_max = std::max(row_max[r], add_bias(row, lo, hi, scale, m, first));
+          const A block_sum = exponentiate(row, weight, lo, hi, new_max);
+          std::fill(weight, weight + lo, T(0));  // keys the query does not see, and one past an odd count
+          std::fill(weight + hi, weight + cols + cols % 2, T(0));
           if (lo >= hi) continue;
           // online softmax: the sum and output so far were weighed against the old maximum
-          const T rescale = exp_weight(row_max[r] - new_max);
+          const A rescale = exp_weight(row_max[r] - new_max);
           row_max[r] = new_max;
           row_sum[r] = row_sum[r] * rescale + block_sum;
-          if (rescale != T(1)) {
-            T* a = acc.data() + r * d;
+          if (rescale != A(1)) {
+            A* a = acc.data() + r * d;
             for (int64_t c = 0; c < d; ++c) a[c] *= rescale;
           }
         }
-        times<T>(rows, d, cols, T(1), s.data(), K_BLOCK, V.at(b, kv, j0), V.sn, T(1), acc.data(), d);  // += p v
+        products.add_weighted(rows, cols, weights, b, kv, j0, acc.data());  // += p v
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = O.at(b, h, i0 + r);
-        const T inverse = T(1) / row_sum[r];
-        for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inverse;
+        const A inverse = A(1) / row_sum[r];
+        for (int64_t c = 0; c < d; ++c) o[c] = static_cast<T>(acc[r * d + c] * inverse);
         lse_data[(b * sh.heads + h) * sh.q_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
       }
-  });
+  }, Products::release);
 }
 
 // Per (b, h): dq, that query head's dk and dv (summed over a KV head's group by the caller), and with
@@ -310,15 +514,15 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
         const int64_t last = w.last(sh, i0, rows);
         for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
           const int64_t cols = std::min(K_BLOCK, last - j0);
-          times_transposed<T>(rows, cols, d, scale, Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), p.data(),
+          times_transposed<T>(rows, cols, d, T(1), Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), p.data(),
                               K_BLOCK);
           for (int64_t r = 0; r < rows; ++r) {  // the weights, p = exp(s - m |p_i - p_j| - lse)
             T* row = p.data() + r * K_BLOCK;
             int64_t lo, hi;
             w.columns(sh, i0 + r, j0, cols, lo, hi);
             const T first = static_cast<T>(j0 - (i0 + r + sh.offset));
-            add_bias(row, lo, hi, m, first);  // the forward's two passes, the log-sum-exp for the row's maximum
-            exponentiate(row, lo, hi, lse_h[i0 + r]);
+            add_bias(row, lo, hi, scale, m, first);  // the forward's two passes, the log-sum-exp for the row's maximum
+            exponentiate(row, row, lo, hi, lse_h[i0 + r]);
             std::fill(row, row + lo, T(0));
             std::fill(row + hi, row + cols, T(0));
           }
@@ -376,18 +580,26 @@ void check(const torch::Tensor& x, const char* name, const torch::Tensor& q) {
 
 }  // namespace
 
-// (out (B, H, i, d), lse (B, H, i)) for q (B, H, i, d), k and v (B, H_kv, j, d), slopes (H,)
+// (out (B, H, i, d), lse (B, H, i), float32 for bfloat16) for q (B, H, i, d), k and v (B, H_kv, j, d), slopes (H,)
 std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slopes,
                                    torch::Tensor windows, double scale, bool causal) {
   for (auto [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}}) check(x, name, q);
   const Shape sh = shape_of(q, k);
   const auto seen = seen_of(windows, sh, causal);
   auto out = torch::empty({sh.batch, sh.heads, sh.q_len, sh.d}, q.options());
-  auto lse = torch::empty({sh.batch, sh.heads, sh.q_len}, q.options());
-  auto m = slopes.to(q.scalar_type()).contiguous();
+  const auto accumulate = at::toOpMathType(q.scalar_type());  // float for bfloat16
+  auto lse = torch::empty({sh.batch, sh.heads, sh.q_len}, q.options().dtype(accumulate));
+  auto m = slopes.to(accumulate).contiguous();
+  if (q.scalar_type() == at::kBFloat16) {
+    TORCH_CHECK(takes_bfloat16(), "bfloat16 needs oneDNN's brgemm with VNNI packing, which this CPU or torch lacks");
+    TORCH_CHECK(sh.d % 16 == 0, "bfloat16 needs a head size that is a multiple of 16, got ", sh.d);
+    forward_kernel<at::BFloat16, Packed>(q, k, v, m.data_ptr<float>(), seen.data(), static_cast<float>(scale), sh,
+                                         out, lse);
+    return {out, lse};
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fused_alibi_forward", [&] {
-    forward_kernel<scalar_t>(q, k, v, m.data_ptr<scalar_t>(), seen.data(), static_cast<scalar_t>(scale), sh, out,
-                             lse);
+    forward_kernel<scalar_t, Plain<scalar_t>>(q, k, v, m.data_ptr<scalar_t>(), seen.data(),
+                                              static_cast<scalar_t>(scale), sh, out, lse);
   });
   return {out, lse};
 }
@@ -399,6 +611,8 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
   for (auto [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"}}) {
     check(x, name, q);
   }
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "the backward takes float32 and float64, got ", q.scalar_type());
   const Shape sh = shape_of(q, k);
   const auto seen = seen_of(windows, sh, causal);
   auto dq = torch::empty({sh.batch, sh.heads, sh.q_len, sh.d}, q.options());
@@ -421,4 +635,5 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("forward", &forward, "ALiBi attention: (out, log-sum-exp)");
   module.def("backward", &backward, "gradients of q, k, v and the slopes");
+  module.def("takes_bfloat16", &takes_bfloat16, "whether bfloat16 inputs can be taken (forward only)");
 }
