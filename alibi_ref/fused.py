@@ -175,17 +175,20 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     lead = q.shape[:-3]
     if q.ndim != 4:
         q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
-    windows = head_windows(q, k, slopes, scale, causal, groups, window)
+    q, k, v = map(_unit_stride, (q, k, v))
+    windows = head_windows(q, k, slopes, scale, causal, groups, window, kernel)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, slopes)):
         out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
     else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
-        out = kernel.forward(*map(_unit_stride, (q, k, v)), slopes, windows, float(scale), causal)[0]
+        out = kernel.forward(q, k, v, slopes, windows, float(scale), causal)[0]
     return out if len(lead) == 1 else out.reshape(*lead, *out.shape[-3:])
 
 
-def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window):
+def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window, kernel=None):
     """(H, 2): each query head's (left, right), -1 for no limit: ``window``, narrowed to the head's reach
-    where it holds (every query sees its own position, q_len <= k_len; slopes that take no gradient)."""
+    where it holds (every query sees its own position, q_len <= k_len; slopes that take no gradient).
+    ``kernel``: the built kernel, whose ``longest_rows`` the reach's bound reads q and k with (q and k with
+    a unit stride along d)."""
     left, right = (-1 if x is None else x for x in (window or (None, None)))
     reach_holds = (q.shape[-2] <= k.shape[-2] and k.shape[-2] > REACH_MIN_KEYS
                    and not (slopes.requires_grad and torch.is_grad_enabled()))
@@ -194,7 +197,8 @@ def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window):
     from .reach import head_reach
 
     windows = _same_window(q.shape[-3], left, right).clone()  # (H, 2)
-    for u, reach in enumerate(head_reach(q, k, slopes, scale, groups)):
+    longest = kernel.longest_rows if kernel is not None else None
+    for u, reach in enumerate(head_reach(q, k, slopes, scale, groups, longest)):
         if reach is None or reach >= k.shape[-2] + q.shape[-2]:  # no key that far
             continue
         heads = windows[u * groups:(u + 1) * groups]  # (groups, 2): the query heads of KV head u

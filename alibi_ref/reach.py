@@ -57,16 +57,18 @@ SHOWN_AT_MOST = 0.5
 SUBNORMAL_LOGIT = -math.log(torch.finfo(torch.float32).tiny)
 
 
-def head_reach(q, k, slopes, scale: float, groups: int) -> list[int | None]:
+def head_reach(q, k, slopes, scale: float, groups: int, longest=None) -> list[int | None]:
     """Per KV head, the distance D beyond which every key together holds at most eps / 8 of a row's
     weight (module docstring); None where the slope does not make the weights fall (m <= 0).
 
     q (B, H, i, d), k (B, H_kv, j, d); query heads h of KV head u: u * groups .. (u + 1) * groups - 1,
-    which share one reach (the widest of theirs)."""
+    which share one reach (the widest of theirs). ``longest``: a function giving each head's longest row
+    (``longest_rows``, or the fused kernel's own)."""
+    longest = longest or longest_rows
     n_keys = k.shape[-2]
     eps = min(torch.finfo(torch.float32).eps, torch.finfo(q.dtype).eps)
-    q_longest = q.detach().float().norm(dim=-1).amax(dim=(0, 2)).view(-1, groups).amax(-1)  # (H_kv,)
-    k_longest = k.detach().float().norm(dim=-1).amax(dim=(0, 2))  # (H_kv,)
+    q_longest = longest(q).view(-1, groups).amax(-1)  # (H_kv,)
+    k_longest = longest(k)  # (H_kv,)
     reach = []
     for m, q_max, k_max in zip(_flattest(slopes, groups), q_longest.tolist(), k_longest.tolist(), strict=True):
         if not m > 0:
@@ -75,6 +77,11 @@ def head_reach(q, k, slopes, scale: float, groups: int) -> list[int | None]:
         logits = 2 * abs(scale) * q_max * k_max + math.log(n_keys) + math.log(8 / eps)
         reach.append(math.ceil(logits / m) if math.isfinite(logits) else None)
     return reach
+
+
+def longest_rows(x):
+    """(H,): each head's longest row of x (B, H, n, d), max over b and i of |x_bhi|."""
+    return x.detach().float().norm(dim=-1).amax(dim=(0, 2))
 
 
 def _flattest(slopes, groups: int) -> list[float]:

@@ -164,6 +164,21 @@ def test_float32_with_each_heads_reach_is_as_close_to_float64_as_the_materialise
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_kernels_longest_rows_are_torchs_norms(dtype):
+    """The reach's bound reads each head's longest row of q and k through the kernel (torch's bfloat16 norm
+    cost more than the reach saved at 1024 keys): the same numbers, strided (B, T, H, d) inputs included."""
+    from alibi_ref.reach import longest_rows
+
+    torch.manual_seed(5)
+    x = (torch.randn(3, 70, 4, 48) * torch.linspace(0.5, 4, 4)[:, None]).to(dtype).transpose(1, 2)  # (3, 4, 70, 48)
+    x[1, 2, 33] *= 3  # one long row, in the middle of a batch row
+    ours, torchs = fused_module._loaded().longest_rows(x), longest_rows(x).double()
+    assert ours.shape == (4,) and torch.allclose(ours, torchs, rtol=1e-6)  # reach.longest_rows takes float32
+    assert int(ours.argmax()) == 2
+
+
+@needs_kernel
 def test_a_nan_in_a_query_stays_in_its_row():
     """As in plain SDPA: the row with the NaN is NaN, the others untouched (nothing turns it into a number)."""
     torch.manual_seed(3)

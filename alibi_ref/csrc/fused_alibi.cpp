@@ -585,7 +585,40 @@ void check(const torch::Tensor& x, const char* name, const torch::Tensor& q) {
               name, " must be a (B, H, n, d) CPU tensor of q's dtype with unit stride along d");
 }
 
+template <typename T>
+void longest_kernel(const torch::Tensor& x, double* longest) {
+  const Rows<T> X(x);
+  const int64_t batch = x.size(0), heads = x.size(1), n = x.size(2), d = x.size(3);
+  at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      at::opmath_type<T> most = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < n; ++i) {
+          const T* row = X.at(b, h, i);
+          at::opmath_type<T> squares = 0;
+#pragma omp simd reduction(+ : squares)
+          for (int64_t c = 0; c < d; ++c) squares += static_cast<at::opmath_type<T>>(row[c]) * row[c];
+          most = squares > most || squares != squares ? squares : most;  // a NaN row makes the bound NaN
+        }
+      longest[h] = std::sqrt(static_cast<double>(most));
+    }
+  });
+}
+
 }  // namespace
+
+// (H,) float64: each head's longest row, max over b and i of |x_bhi|, for x (B, H, n, d) with a unit stride along d
+// (the bound alibi_ref.reach takes each head's reach from; torch's norm of a bfloat16 tensor took longer than
+// the kernel's forward saves at 1024 keys)
+torch::Tensor longest_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 4 && x.device().is_cpu() && x.stride(3) == 1,
+              "x must be a (B, H, n, d) CPU tensor with unit stride along d");
+  auto longest = torch::empty({x.size(1)}, x.options().dtype(torch::kDouble));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "longest_rows", [&] {
+    longest_kernel<scalar_t>(x, longest.data_ptr<double>());
+  });
+  return longest;
+}
 
 // (out (B, H, i, d), lse (B, H, i), float32 for bfloat16) for q (B, H, i, d), k and v (B, H_kv, j, d), slopes (H,)
 std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slopes,
@@ -642,5 +675,6 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("forward", &forward, "ALiBi attention: (out, log-sum-exp)");
   module.def("backward", &backward, "gradients of q, k, v and the slopes");
+  module.def("longest_rows", &longest_rows, "each head's longest row of x (B, H, n, d)");
   module.def("takes_bfloat16", &takes_bfloat16, "whether bfloat16 inputs can be taken (forward only)");
 }
