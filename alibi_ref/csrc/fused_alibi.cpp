@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <vector>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -243,6 +244,7 @@ template <typename T>
 struct Plain {
   static constexpr int64_t ALIGN = 1;  // a block of keys may start anywhere
   static constexpr int64_t Q_ROWS = Q_BLOCK;
+  void ready(int64_t, int64_t) const {}
   Rows<T> K, V;
   int64_t d;
   Plain(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh) : K(k), V(v), d(sh.d) {}
@@ -289,30 +291,41 @@ struct Packed {
   using BF = at::BFloat16;
   static constexpr int64_t ALIGN = VNNI_N;  // blocks of keys start at a packed chunk of 64
   static constexpr int64_t Q_ROWS = BF16_Q_ROWS;
-  int64_t d, kv_heads, chunks, padded;  // padded: k_len rounded up to 64
+  const Rows<BF> K, V;
+  int64_t d, k_len, kv_heads, chunks, padded;  // padded: k_len rounded up to 64
   torch::Tensor k_packed, v_packed;
-  const BF *kp, *vp;
+  BF *kp, *vp;
+  // per (b, KV head): 0 not packed, 1 being packed, 2 packed. The first task that reads a head packs it, in the
+  // forward's own threads: a parallel region of its own cost more than the packing at 256 keys.
+  std::unique_ptr<std::atomic<int>[]> state;
   Packed(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh)
-      : d(sh.d), kv_heads(sh.heads / sh.groups), chunks((sh.k_len + VNNI_N - 1) / VNNI_N), padded(chunks * VNNI_N) {
+      : K(k), V(v), d(sh.d), k_len(sh.k_len), kv_heads(sh.heads / sh.groups), chunks((k_len + VNNI_N - 1) / VNNI_N),
+        padded(chunks * VNNI_N), state(new std::atomic<int>[sh.batch * kv_heads]) {
     k_packed = torch::empty({sh.batch, kv_heads, padded * d}, k.options());
     v_packed = torch::empty({sh.batch, kv_heads, padded * d}, v.options());
-    const Rows<BF> K(k), V(v);
-    BF* kd = k_packed.data_ptr<BF>();
-    BF* vd = v_packed.data_ptr<BF>();
-    at::parallel_for(0, sh.batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t chunk = t % chunks, bkv = t / chunks, b = bkv / kv_heads, kv = bkv % kv_heads;
-        const int64_t j0 = chunk * VNNI_N, n = std::min(VNNI_N, sh.k_len - j0);
-        pack_keys(K, b, kv, j0, n, kd + bkv * padded * d + j0 * d);
-        pack_values(V, b, kv, j0, n, vd + bkv * padded * d);
+    kp = k_packed.data_ptr<BF>();
+    vp = v_packed.data_ptr<BF>();
+    for (int64_t i = 0; i < sh.batch * kv_heads; ++i) state[i].store(0, std::memory_order_relaxed);
+  }
+  // k and v of (b, kv) packed, by this thread or (waited for) another
+  void ready(int64_t b, int64_t kv) const {
+    std::atomic<int>& head = state[b * kv_heads + kv];
+    int expected = 0;
+    if (head.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+      const int64_t bkv = b * kv_heads + kv;
+      for (int64_t j0 = 0; j0 < k_len; j0 += VNNI_N) {
+        const int64_t n = std::min(VNNI_N, k_len - j0);
+        pack_keys(b, kv, j0, n, kp + bkv * padded * d + j0 * d);
+        pack_values(b, kv, j0, n, vp + bkv * padded * d);
       }
-    });
-    kp = kd;
-    vp = vd;
+      head.store(2, std::memory_order_release);
+      return;
+    }
+    while (head.load(std::memory_order_acquire) != 2) std::this_thread::yield();
   }
   // k^T for keys [j0, j0 + n): (d / 2, 64, 2), zero past the last key. A pair of bf16 is 32 bits, so this is the
   // transpose of the keys' rows read as (n, d / 2) 32-bit words.
-  void pack_keys(const Rows<BF>& K, int64_t b, int64_t kv, int64_t j0, int64_t n, BF* to) const {
+  void pack_keys(int64_t b, int64_t kv, int64_t j0, int64_t n, BF* to) const {
     auto* out = reinterpret_cast<uint32_t*>(to);
     const int64_t words = d / 2;
 #ifdef __AVX512BF16__
@@ -336,7 +349,7 @@ struct Packed {
   }
   // v for keys [j0, j0 + n), per 64 of its columns: (k_len / 2, 64, 2) over all keys, zero past the last key;
   // pairs of rows, interleaved
-  void pack_values(const Rows<BF>& V, int64_t b, int64_t kv, int64_t j0, int64_t n, BF* head) const {
+  void pack_values(int64_t b, int64_t kv, int64_t j0, int64_t n, BF* head) const {
     for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
       const int64_t width = std::min(VNNI_N, d - c0);
       BF* to = head + c0 * padded + j0 * width;
@@ -440,6 +453,7 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
       const int64_t i0 = (q_blocks - 1 - task / (sh.batch * sh.heads)) * Q_ROWS;
       const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads % sh.batch;
       const int64_t rows = std::min(Q_ROWS, sh.q_len - i0), kv = h / sh.groups;
+      products.ready(b, kv);
       const A m = slopes[h];
       const Seen& w = seen[h];
       std::fill(acc.data(), acc.data() + rows * d, A(0));
