@@ -28,7 +28,8 @@ def device(request) -> torch.device:
 @pytest.fixture
 def without_fused_kernel(monkeypatch):
     """``impl="auto"`` as where the fused CPU kernel is not built (ALIBI_REF_FUSED=0, alibi_ref.fused): for the
-    tests of the other CPU paths' own rules, which "auto" follows there (and for 16-bit inputs everywhere)."""
+    tests of the other CPU paths' own rules, which "auto" follows there (and for float16, and bfloat16 with a
+    gradient, everywhere)."""
     monkeypatch.setenv("ALIBI_REF_FUSED", "0")
 
 
