@@ -269,19 +269,21 @@ constexpr int64_t VNNI_N = 64;
 // SDPA with 128, 1.01-1.10x with 256)
 constexpr int64_t BF16_Q_ROWS = 256;
 
-// whether brgemm runs here and its packed layout is the VNNI pairs this file writes (checked once, on a small
-// matrix through cpublas::pack, which writes the layout brgemm reads)
+// whether brgemm runs here and its packed layout is the VNNI pairs this file writes (checked once, through
+// cpublas::pack, which writes the layout brgemm reads, at each width this file packs)
 bool takes_bfloat16() {
   static const bool takes = [] {
     if (!cpublas::could_pack(at::kBFloat16)) return false;
-    constexpr int64_t K = 4, N = 16;
-    std::vector<at::BFloat16> plain(K * N), packed(K * N);
-    for (int64_t i = 0; i < K * N; ++i) plain[i] = at::BFloat16(static_cast<float>(i));
-    cpublas::pack(K, N, N, N, at::kBFloat16, at::kBFloat16, plain.data(), packed.data());
-    for (int64_t r = 0; r < K; ++r)
-      for (int64_t c = 0; c < N; ++c)
-        if (static_cast<float>(packed[(r / 2) * 2 * N + 2 * c + r % 2]) != static_cast<float>(plain[r * N + c]))
-          return false;
+    constexpr int64_t K = 4;
+    for (int64_t n : {16, 32, 48, 64}) {
+      std::vector<at::BFloat16> plain(K * n), packed(K * n);
+      for (int64_t i = 0; i < K * n; ++i) plain[i] = at::BFloat16(static_cast<float>(i));  // exact in bf16
+      cpublas::pack(K, n, n, n, at::kBFloat16, at::kBFloat16, plain.data(), packed.data());
+      for (int64_t r = 0; r < K; ++r)
+        for (int64_t c = 0; c < n; ++c)
+          if (static_cast<float>(packed[(r / 2) * 2 * n + 2 * c + r % 2]) != static_cast<float>(plain[r * n + c]))
+            return false;
+    }
     return true;
   }();
   return takes;
@@ -296,7 +298,7 @@ struct Packed {
   torch::Tensor k_packed, v_packed;
   BF *kp, *vp;
   // per (b, KV head): 0 not packed, 1 being packed, 2 packed. The first task that reads a head packs it, in the
-  // forward's own threads: a parallel region of its own cost more than the packing at 256 keys.
+  // forward's own threads, rather than a parallel region of its own before them (the same within the noise).
   std::unique_ptr<std::atomic<int>[]> state;
   Packed(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh)
       : K(k), V(v), d(sh.d), k_len(sh.k_len), kv_heads(sh.heads / sh.groups), chunks((k_len + VNNI_N - 1) / VNNI_N),
