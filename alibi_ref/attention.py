@@ -217,9 +217,9 @@ def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool, grad: bool |
     kernel's blocks."""
     from . import fused
 
-    if grad is None:
-        grad = fused.torch.is_grad_enabled() and (q.requires_grad or (v is not None and v.requires_grad))
     v = q if v is None else v
+    if grad is None:
+        grad = _grad_taken(q, v)
     if dims.q_len <= FEW_QUERIES or fused.refusal(q, v, float(dropout), positional, grad=grad) is not None:
         return False
     min_keys = FUSED_BF16_MIN_KEYS if q.dtype == fused.torch.bfloat16 else FUSED_CPU_MIN_KEYS

@@ -230,7 +230,6 @@ class FusedALiBi(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, windows, scale, causal, kernel):
-        q, k, v = map(_unit_stride, (q, k, v))
         out, lse = kernel.forward(q, k, v, slopes.detach(), windows, scale, causal)
         ctx.save_for_backward(q, k, v, out, lse, slopes, windows)
         ctx.scale, ctx.causal, ctx.kernel = scale, causal, kernel

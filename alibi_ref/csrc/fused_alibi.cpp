@@ -294,31 +294,32 @@ struct Packed {
   static constexpr int64_t ALIGN = VNNI_N;  // blocks of keys start at a packed chunk of 64
   static constexpr int64_t Q_ROWS = BF16_Q_ROWS;
   const Rows<BF> K, V;
-  int64_t d, k_len, kv_heads, chunks, padded;  // padded: k_len rounded up to 64
+  int64_t d, k_len, kv_heads, padded;  // padded: k_len rounded up to 64
   torch::Tensor k_packed, v_packed;
   BF *kp, *vp;
   // per (b, KV head): 0 not packed, 1 being packed, 2 packed. The first task that reads a head packs it, in the
   // forward's own threads, rather than a parallel region of its own before them (the same within the noise).
   std::unique_ptr<std::atomic<int>[]> state;
   Packed(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh)
-      : K(k), V(v), d(sh.d), k_len(sh.k_len), kv_heads(sh.heads / sh.groups), chunks((k_len + VNNI_N - 1) / VNNI_N),
-        padded(chunks * VNNI_N), state(new std::atomic<int>[sh.batch * kv_heads]) {
+      : K(k), V(v), d(sh.d), k_len(sh.k_len), kv_heads(sh.heads / sh.groups),
+        padded((k_len + VNNI_N - 1) / VNNI_N * VNNI_N), state(new std::atomic<int>[sh.batch * kv_heads]) {
     k_packed = torch::empty({sh.batch, kv_heads, padded * d}, k.options());
     v_packed = torch::empty({sh.batch, kv_heads, padded * d}, v.options());
     kp = k_packed.data_ptr<BF>();
     vp = v_packed.data_ptr<BF>();
     for (int64_t i = 0; i < sh.batch * kv_heads; ++i) state[i].store(0, std::memory_order_relaxed);
   }
+  // where (b, kv)'s packed k or v starts in k_packed or v_packed
+  int64_t offset(int64_t b, int64_t kv) const { return (b * kv_heads + kv) * padded * d; }
   // k and v of (b, kv) packed, by this thread or (waited for) another
   void ready(int64_t b, int64_t kv) const {
     std::atomic<int>& head = state[b * kv_heads + kv];
     int expected = 0;
     if (head.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
-      const int64_t bkv = b * kv_heads + kv;
       for (int64_t j0 = 0; j0 < k_len; j0 += VNNI_N) {
         const int64_t n = std::min(VNNI_N, k_len - j0);
-        pack_keys(b, kv, j0, n, kp + bkv * padded * d + j0 * d);
-        pack_values(b, kv, j0, n, vp + bkv * padded * d);
+        pack_keys(b, kv, j0, n, kp + offset(b, kv) + j0 * d);
+        pack_values(b, kv, j0, n, vp + offset(b, kv));
       }
       head.store(2, std::memory_order_release);
       return;
@@ -412,13 +413,13 @@ struct Packed {
   // (from zero keys) and not read
   void scores(int64_t rows, int64_t cols, const BF* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0,
               float* s) const {
-    const BF* k_head = kp + (b * kv_heads + kv) * padded * d;
+    const BF* k_head = kp + offset(b, kv);
     for (int64_t c0 = 0; c0 < cols; c0 += VNNI_N)
       cpublas::brgemm(rows, VNNI_N, d, ld_q, VNNI_N, K_BLOCK, false, q, k_head + (j0 + c0) * d, s + c0);
   }
   // acc (rows, d) += p v; p's columns from cols up to an even count must be 0
   void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc) const {
-    const BF* v_head = vp + (b * kv_heads + kv) * padded * d;
+    const BF* v_head = vp + offset(b, kv);
     const int64_t even = cols + cols % 2;
     for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
       const int64_t width = std::min(VNNI_N, d - c0);
