@@ -265,8 +265,8 @@ struct Plain {
 namespace cpublas = at::native::cpublas;
 constexpr int64_t VNNI_N = 64;
 // queries a block: brgemm reads each packed chunk of k and v once a block, so more rows a block read them
-// less often (as torch's flash kernel, which takes 256 from 768 queries; N = 1024-4096: 1.14-1.16x plain bf16
-// SDPA with 128, 1.01-1.13x with 256)
+// less often (as torch's flash kernel, which takes 256 from 768 queries; measured against 128 in
+// docs/performance.md, "bfloat16, forward")
 constexpr int64_t BF16_Q_ROWS = 256;
 
 // whether brgemm runs here and its packed layout is the VNNI pairs this file writes (checked once, through
