@@ -17,6 +17,7 @@ materialised; every faster path is tested against it.
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -284,6 +285,62 @@ def _choose_jax(impl: str, q, v, return_weights: bool) -> str:
     return impl
 
 
+class Plan(NamedTuple):
+    """What ``alibi_attention``'s checks decide for a call: its dimensions, scale, dtypes and path."""
+    dims: Dims
+    scale: float
+    out_dtype: object
+    work: object
+    chosen: str
+
+
+# the plans of torch calls checked before, by what decided them (``_plan_key``), up to PLANS_KEPT of them: a model
+# calls with the same shapes step after step, and once a kernel has run, the checks' Python has left the CPU's
+# caches and costs 60-90 microseconds a call, more than a 256-token bfloat16 call's whole gap to plain
+# attention (docs/performance.md, "Per-call costs")
+_PLANS: dict = {}
+PLANS_KEPT = 256
+
+
+def _plan_key(q, k, v, slopes, causal, scale, impl):
+    """Everything a torch call's plan follows from, hashable; None for a call whose plan is not kept (not all
+    tensors, arguments of unusual types, or inside torch.compile, which traces the checks into its graph)."""
+    torch = sys.modules.get("torch")
+    tensor = torch.Tensor if torch is not None else ()
+    if not (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor) and isinstance(slopes, tensor)):
+        return None
+    if torch.compiler.is_compiling() or type(causal) is not bool or type(impl) is not str or not (
+            scale is None or type(scale) in (int, float)):
+        return None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or slopes.requires_grad)
+    return (q.shape, k.shape, v.shape, slopes.shape, q.dtype, k.dtype, v.dtype, slopes.dtype, q.device, k.device,
+            v.device, slopes.device, grad, causal, scale, impl)
+
+
+def _known_plan(key, impl: str) -> Plan | None:
+    """The plan kept for ``key``, where it still holds: "auto" took the fused kernel only where it was available,
+    which ALIBI_REF_FUSED can change at any time."""
+    plan = None if key is None else _PLANS.get(key)
+    if plan is not None and plan.chosen == "fused" and impl == "auto":
+        from .fused import available
+
+        return plan if available() else None
+    return plan
+
+
+def _lasting(plan: Plan, q, impl: str) -> bool:
+    """Whether a plan holds for every later call with its key: on the CPU "auto" also asks whether the call's bias
+    is kept (``bias_is_kept``), which changes from call to call, unless the fused kernel took it."""
+    return impl != "auto" or plan.chosen == "fused" or q.device.type == "cuda"
+
+
+def _remember(key, plan: Plan) -> None:
+    if len(_PLANS) >= PLANS_KEPT:  # shapes that keep changing (a growing KV cache): start over
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
 def alibi_attention(
     q, k, v, slopes, *, causal: bool = False, scale: float | None = None,
     return_weights: bool = False, impl: str = "auto",
@@ -340,28 +397,41 @@ def alibi_attention(
     more queries than keys a window can leave the first queries no key: "auto" takes sdpa there (zeros for those
     rows) and strided and fused refuse it.
     """
-    q, k, v = _as_arrays(q, k, v)
-    slopes = check_slopes(slopes)
-    dims = check_shapes(q, k, v, slopes, causal)
-    scale = 1.0 / math.sqrt(dims.head_dim) if scale is None else float(scale)
-    groups = dims.n_heads // dims.n_kv_heads
-    out_dtype, work = float_dtypes(q)
-    slopes = as_like(slopes, q, work)
-    dropout_p = _check_dropout(dropout_p, q)
-    window = check_window(window)
-    per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
-    grad = is_tensor(q) and _grad_taken(q, k, v, slopes)
-    chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
-                         window is not None, slopes, grad)
-    if chosen == "fused":
-        from .fused import fused_alibi_attention, refusal
+    plain = (key_padding_mask is None and q_positions is None and k_positions is None and window is None
+             and not return_weights and type(dropout_p) in (int, float) and dropout_p == 0)
+    key = _plan_key(q, k, v, slopes, causal, scale, impl) if plain else None
+    plan = _known_plan(key, impl)
+    if plan is None:
+        q, k, v = _as_arrays(q, k, v)
+        slopes = check_slopes(slopes)
+        dims = check_shapes(q, k, v, slopes, causal)
+        scale = 1.0 / math.sqrt(dims.head_dim) if scale is None else float(scale)
+        out_dtype, work = float_dtypes(q)
+        slopes = as_like(slopes, q, work)
+        dropout_p = _check_dropout(dropout_p, q)
+        window = check_window(window)
+        per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
+        grad = is_tensor(q) and _grad_taken(q, k, v, slopes)
+        chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
+                             window is not None, slopes, grad)
+        if chosen == "fused" and impl == "fused":  # asked for by name; "auto" took it where it fits (_fused_takes)
+            from .fused import refusal
 
-        if impl == "fused":  # asked for by name; "auto" took it only where it fits (``_fused_takes``)
             why = refusal(q, v, dropout_p, per_row is not None, return_weights, grad)
             if why is None and window is not None and dims.q_len > dims.k_len:
                 why = "a window can leave the first queries, before the first key, no key at all"
             if why is not None:
                 raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
+        plan = Plan(dims, scale, out_dtype, work, chosen)
+        if key is not None and _lasting(plan, q, impl):
+            _remember(key, plan)
+    else:  # a call like one checked before: only the slopes' values may differ (dropout_p is 0, window None)
+        dims, scale, out_dtype, work, chosen = plan
+        slopes, dropout_p, per_row = as_like(slopes, q, work), 0.0, None
+    groups = dims.n_heads // dims.n_kv_heads
+    if chosen == "fused":
+        from .fused import fused_alibi_attention
+
         return fused_alibi_attention(q, k, v, slopes, scale, causal, groups, window)
     if chosen == "flex":
         from .flex import flex_alibi_attention

@@ -175,9 +175,10 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     lead = q.shape[:-3]
     if q.ndim != 4:
         q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
-    q, k, v = map(_unit_stride, (q, k, v))
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = map(_unit_stride, (q, k, v))
     windows = head_windows(q, k, slopes, scale, causal, groups, window, kernel)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, slopes)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or slopes.requires_grad):
         out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
     else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
         out = kernel.forward(q, k, v, slopes, windows, float(scale), causal)[0]
@@ -189,9 +190,10 @@ def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window, 
     where it holds (every query sees its own position, q_len <= k_len; slopes that take no gradient).
     ``kernel``: the built kernel, whose ``longest_rows`` the reach's bound reads q and k with (q and k with
     a unit stride along d)."""
-    left, right = (-1 if x is None else x for x in (window or (None, None)))
-    reach_holds = (q.shape[-2] <= k.shape[-2] and k.shape[-2] > REACH_MIN_KEYS
-                   and not (slopes.requires_grad and torch.is_grad_enabled()))
+    left, right = window or (-1, -1)
+    left, right = -1 if left is None else left, -1 if right is None else right
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    reach_holds = q_len <= k_len and k_len > REACH_MIN_KEYS and not (slopes.requires_grad and torch.is_grad_enabled())
     if not reach_holds:
         return _same_window(q.shape[-3], left, right)
     from .reach import head_reach
@@ -199,7 +201,7 @@ def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window, 
     windows = _same_window(q.shape[-3], left, right).clone()  # (H, 2)
     longest = kernel.longest_rows if kernel is not None else None
     for u, reach in enumerate(head_reach(q, k, slopes, scale, groups, longest)):
-        if reach is None or reach >= k.shape[-2] + q.shape[-2]:  # no key that far
+        if reach is None or reach >= k_len + q_len:  # no key that far
             continue
         heads = windows[u * groups:(u + 1) * groups]  # (groups, 2): the query heads of KV head u
         heads[heads < 0] = reach
