@@ -371,6 +371,8 @@ def alibi_attention(
     once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
     a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
     up to ``alibi_ref.kept.KEPT_BYTES`` in all (``alibi_ref.kept``; ``alibi_ref.kept.forget()`` lets it go).
+    A torch call's checks and choice of path are kept too, for the next call with the same shapes, dtypes,
+    devices, gradients and arguments (``_PLANS``; docs/performance.md, "Per-call costs").
 
     Padded batches and explicit positions: ``key_padding_mask`` (..., k_len), True where a key
     exists; ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len), integer positions per
