@@ -318,7 +318,7 @@ struct Packed {
     if (head.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
       for (int64_t j0 = 0; j0 < k_len; j0 += VNNI_N) {
         const int64_t n = std::min(VNNI_N, k_len - j0);
-        pack_keys(b, kv, j0, n, kp + offset(b, kv) + j0 * d);
+        pack_keys(b, kv, j0, n, kp + offset(b, kv));
         pack_values(b, kv, j0, n, vp + offset(b, kv));
       }
       head.store(2, std::memory_order_release);
@@ -326,10 +326,11 @@ struct Packed {
     }
     while (head.load(std::memory_order_acquire) != 2) std::this_thread::yield();
   }
-  // k^T for keys [j0, j0 + n): (d / 2, 64, 2), zero past the last key. A pair of bf16 is 32 bits, so this is the
+  // k^T for keys [j0, j0 + n) into the head's (d / 2, padded, 2), zero past the last key: one product reads a
+  // block's keys whole (docs/performance.md, "bfloat16, forward"). A pair of bf16 is 32 bits, so this is the
   // transpose of the keys' rows read as (n, d / 2) 32-bit words.
-  void pack_keys(int64_t b, int64_t kv, int64_t j0, int64_t n, BF* to) const {
-    auto* out = reinterpret_cast<uint32_t*>(to);
+  void pack_keys(int64_t b, int64_t kv, int64_t j0, int64_t n, BF* head) const {
+    auto* out = reinterpret_cast<uint32_t*>(head) + j0;
     const int64_t words = d / 2;
 #ifdef __AVX512BF16__
     for (int64_t jt = 0; jt < VNNI_N; jt += 16)  // in tiles of 16 keys by 16 words
@@ -341,12 +342,12 @@ struct Packed {
                                : _mm512_setzero_si512();
         transpose(tile);
         for (int64_t w = 0; w < std::min<int64_t>(16, words - w0); ++w)
-          _mm512_storeu_si512(out + (w0 + w) * VNNI_N + jt, tile[w]);
+          _mm512_storeu_si512(out + (w0 + w) * padded + jt, tile[w]);
       }
 #else
     for (int64_t j = 0; j < VNNI_N; ++j) {
       const auto* row = reinterpret_cast<const uint32_t*>(K.at(b, kv, j0 + std::min(j, n - 1)));
-      for (int64_t c = 0; c < words; ++c) out[c * VNNI_N + j] = j < n ? row[c] : 0u;
+      for (int64_t c = 0; c < words; ++c) out[c * padded + j] = j < n ? row[c] : 0u;
     }
 #endif
   }
@@ -414,8 +415,8 @@ struct Packed {
   void scores(int64_t rows, int64_t cols, const BF* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0,
               float* s) const {
     const BF* k_head = kp + offset(b, kv);
-    for (int64_t c0 = 0; c0 < cols; c0 += VNNI_N)
-      cpublas::brgemm(rows, VNNI_N, d, ld_q, VNNI_N, K_BLOCK, false, q, k_head + (j0 + c0) * d, s + c0);
+    const int64_t n = (cols + VNNI_N - 1) / VNNI_N * VNNI_N;
+    cpublas::brgemm(rows, n, d, ld_q, padded, K_BLOCK, false, q, k_head + 2 * j0, s);
   }
   // acc (rows, d) += p v; p's columns from cols up to an even count must be 0
   void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc) const {
