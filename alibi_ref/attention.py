@@ -292,6 +292,7 @@ class Plan(NamedTuple):
     out_dtype: object
     work: object
     chosen: str
+    holds: object = None  # None, or what the plan holds only while, asked at each reuse (``_holds_while``)
 
 
 # the plans of torch calls checked before, by what decided them (``_plan_key``), up to PLANS_KEPT of them: a model
@@ -318,15 +319,20 @@ def _plan_key(q, k, v, slopes, causal, scale, impl):
             v.device, slopes.device, grad, causal, scale, impl)
 
 
-def _known_plan(key, impl: str) -> Plan | None:
-    """The plan kept for ``key``, where it still holds: "auto" took the fused kernel only where it was available,
-    which ALIBI_REF_FUSED can change at any time."""
+def _known_plan(key) -> Plan | None:
+    """The plan kept for ``key``, where it still holds."""
     plan = None if key is None else _PLANS.get(key)
-    if plan is not None and plan.chosen == "fused" and impl == "auto":
+    return plan if plan is None or plan.holds is None or plan.holds() else None
+
+
+def _holds_while(chosen: str, impl: str):
+    """What a plan holds only while, or None: "auto" takes the fused kernel only while it is available, which
+    ALIBI_REF_FUSED can change at any time."""
+    if chosen == "fused" and impl == "auto":
         from .fused import available
 
-        return plan if available() else None
-    return plan
+        return available
+    return None
 
 
 def _lasting(plan: Plan, q, impl: str) -> bool:
@@ -402,7 +408,7 @@ def alibi_attention(
     plain = (key_padding_mask is None and q_positions is None and k_positions is None and window is None
              and not return_weights and type(dropout_p) in (int, float) and dropout_p == 0)
     key = _plan_key(q, k, v, slopes, causal, scale, impl) if plain else None
-    plan = _known_plan(key, impl)
+    plan = _known_plan(key)
     if plan is None:
         q, k, v = _as_arrays(q, k, v)
         slopes = check_slopes(slopes)
@@ -424,11 +430,11 @@ def alibi_attention(
                 why = "a window can leave the first queries, before the first key, no key at all"
             if why is not None:
                 raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
-        plan = Plan(dims, scale, out_dtype, work, chosen)
+        plan = Plan(dims, scale, out_dtype, work, chosen, _holds_while(chosen, impl))
         if key is not None and _lasting(plan, q, impl):
             _remember(key, plan)
     else:  # a call like one checked before: only the slopes' values may differ (dropout_p is 0, window None)
-        dims, scale, out_dtype, work, chosen = plan
+        dims, scale, out_dtype, work, chosen, _ = plan
         slopes, dropout_p, per_row = as_like(slopes, q, work), 0.0, None
     groups = dims.n_heads // dims.n_kv_heads
     if chosen == "fused":
