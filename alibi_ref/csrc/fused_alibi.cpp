@@ -183,6 +183,10 @@ inline float exponentiate(const float* row, at::BFloat16* w, int64_t lo, int64_t
 #endif
 
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
+// the forward's stride between rows of a block's scores and weights: 32 numbers past the block, so that
+// successive rows do not start a power of two apart and share the L1 cache's sets, which cost the products
+// time (docs/performance.md, "bfloat16, forward"); rows still start on a 64-byte line in float32 and bfloat16
+constexpr int64_t ROW = K_BLOCK + 32;
 
 // A thread's working array, left uninitialised: every element is written before it is read, and a
 // std::vector would zero it (256 KiB for a block of scores) at every call
@@ -250,11 +254,11 @@ struct Plain {
   Plain(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh) : K(k), V(v), d(sh.d) {}
   // s (rows, cols) = q k^T, keys [j0, j0 + cols)
   void scores(int64_t rows, int64_t cols, const T* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0, T* s) const {
-    times_transposed(rows, cols, d, T(1), q, ld_q, K.at(b, kv, j0), K.sn, T(0), s, K_BLOCK);
+    times_transposed(rows, cols, d, T(1), q, ld_q, K.at(b, kv, j0), K.sn, T(0), s, ROW);
   }
   // acc (rows, d) += p v
   void add_weighted(int64_t rows, int64_t cols, const T* p, int64_t b, int64_t kv, int64_t j0, T* acc) const {
-    times(rows, d, cols, T(1), p, K_BLOCK, V.at(b, kv, j0), V.sn, T(1), acc, d);
+    times(rows, d, cols, T(1), p, ROW, V.at(b, kv, j0), V.sn, T(1), acc, d);
   }
   static void release() {}
 };
@@ -416,7 +420,7 @@ struct Packed {
               float* s) const {
     const BF* k_head = kp + offset(b, kv);
     const int64_t n = (cols + VNNI_N - 1) / VNNI_N * VNNI_N;
-    cpublas::brgemm(rows, n, d, ld_q, padded, K_BLOCK, false, q, k_head + 2 * j0, s);
+    cpublas::brgemm(rows, n, d, ld_q, padded, ROW, false, q, k_head + 2 * j0, s);
   }
   // acc (rows, d) += p v; p's columns from cols up to an even count must be 0
   void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc) const {
@@ -424,7 +428,7 @@ struct Packed {
     const int64_t even = cols + cols % 2;
     for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
       const int64_t width = std::min(VNNI_N, d - c0);
-      cpublas::brgemm(rows, width, even, K_BLOCK, width, d, true, p, v_head + c0 * padded + j0 * width, acc + c0);
+      cpublas::brgemm(rows, width, even, ROW, width, d, true, p, v_head + c0 * padded + j0 * width, acc + c0);
     }
   }
   static void release() { cpublas::brgemm_release(); }
@@ -447,8 +451,8 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
     Scratch<A> s, acc, row_max, row_sum;
     Scratch<T> weights;  // 16-bit inputs only: the weights rounded to T
   };
-  auto make = [&] { return Buffers{Scratch<A>(Q_ROWS * K_BLOCK), Scratch<A>(Q_ROWS * d), Scratch<A>(Q_ROWS),
-                                   Scratch<A>(Q_ROWS), Scratch<T>(rounded ? Q_ROWS * K_BLOCK : 0)}; };
+  auto make = [&] { return Buffers{Scratch<A>(Q_ROWS * ROW), Scratch<A>(Q_ROWS * d), Scratch<A>(Q_ROWS),
+                                   Scratch<A>(Q_ROWS), Scratch<T>(rounded ? Q_ROWS * ROW : 0)}; };
   // the costliest first, so that the last tasks are short: the last query blocks (most keys under a causal
   // mask), then the last heads (the flattest slopes, whose reach is longest)
   each_task(sh.batch * sh.heads * q_blocks, make, [&](int64_t task, Buffers& buffers) {
@@ -468,8 +472,8 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
         const int64_t cols = std::min(K_BLOCK, last - j0);
         products.scores(rows, cols, Q.at(b, h, i0), Q.sn, b, kv, j0, s.data());  // (rows, cols) = q k^T
         for (int64_t r = 0; r < rows; ++r) {
-          A* row = s.data() + r * K_BLOCK;
-          T* weight = weights + r * K_BLOCK;
+          A* row = s.data() + r * ROW;
+          T* weight = weights + r * ROW;
           int64_t lo, hi;
           w.columns(sh, i0 + r, j0, cols, lo, hi);
           const A first = static_cast<A>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
