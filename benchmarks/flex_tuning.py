@@ -106,7 +106,9 @@ def reach_block_mask(slopes, causal: bool):
                 seen = (behind <= limit[h]) & (behind >= -limit[h])
                 return seen & (behind >= 0) if causal else seen
 
-            masks[key] = create_block_mask(near, None, q.shape[-3], q_len, k_len, device=q.device)
+            # compiled on CUDA, as the library's: uncompiled it evaluates every (h, i, j) at once
+            masks[key] = create_block_mask(near, None, q.shape[-3], q_len, k_len, device=q.device,
+                                           _compile=q.device.type == "cuda")
         return masks[key]
 
     return block_mask
@@ -317,6 +319,8 @@ def main(argv=None) -> None:
     parser.add_argument("--queue", type=int, default=10, help="calls back to back in a queued timing")
     parser.add_argument("--passes", nargs="+", choices=("fwd", "fwd+bwd"),
                         help="default: both on CUDA; the CPU's FlexAttention has no backward")
+    parser.add_argument("--masks", nargs="+", default=["symmetric", "causal"], choices=("symmetric", "causal"),
+                        help="which masks, in this order (a run cut short keeps the first's rows)")
     parser.add_argument("--decode", action="store_true", help="one query against N keys, B = 8, causal: a "
                         "decoding step (forward)")
     parser.add_argument("--output", type=Path, default=Path("flex_tuning"))
@@ -337,7 +341,7 @@ def main(argv=None) -> None:
           f"{args.dtype}, B = {8 if args.decode else 1}, H = 8, d = 64; ratios to plain SDPA timed in turn", flush=True)
     with open(args.output / "flex_tuning.jsonl", "a") as log:
         for n in args.sizes:
-            for causal in (True,) if args.decode else (False, True):
+            for causal in (True,) if args.decode else [mask == "causal" for mask in args.masks]:
                 for variant in (v for v in args.variants if applicable(v, causal, device)):
                     torch._dynamo.reset()  # each variant compiled afresh: none of another's cache entries, no limit
                     for pass_ in (p for p in passes if not (p == "fwd+bwd" and variant in FORWARD_ONLY)):

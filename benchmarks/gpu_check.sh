@@ -51,6 +51,8 @@ paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 kernel_variants=${KERNEL_VARIANTS:-flex_reach cudnn_alibi cudnn_bias cudnn_strided library flex_no_bias key_term_only}
 host_variants=${HOST_VARIANTS:-flex_reach cudnn_alibi cudnn_bias library direct flex_no_bias}
 decode_variants=${DECODE_VARIANTS:-library direct sdpa_bias}
+# causal first: cuDNN's own ALiBi takes only causal calls, and causal is the models' case (BLOOM, MPT)
+masks=${MASKS:-causal symmetric}
 
 stage() {  # name, seconds, command...: run it, show its tail, keep all of it in $out/name.txt
     local name=$1 limit=$2
@@ -72,7 +74,7 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'; \
 $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hypothesis|pytest) '" ;;
     tests)  # every torch test on cuda (the CPU runs are make test's): paths, bias, padding, the layer, the CLI
         stage tests 200 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
-            tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py ;;
+            tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py tests/test_plans.py ;;
     jax)  # JAX puts arrays on its default device: the GPU where jax-cuda is installed. Not the two property
           # tests: 40 shapes each, one XLA compilation a shape (on the H200 the first took most of 90 s); the
           # CPU suite runs them
@@ -83,9 +85,9 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
     tune-[0-9]*)  # where flex's time goes and what might cut it: rows of variant, mask, pass; synced and queued
         n=${what#tune-}
         variants=$([ "$n" -ge 8192 ] && echo "$kernel_variants" || echo "$host_variants")
-        # shellcheck disable=SC2086  # $variants: one word per variant
+        # shellcheck disable=SC2086  # $variants and $masks: one word each
         stage "$what" "$([ "$n" -ge 8192 ] && echo 200 || echo 90)" "$py" benchmarks/flex_tuning.py --sizes "$n" \
-            --variants $variants --no-plot --output "$out/$what" ;;
+            --variants $variants --masks $masks --no-plot --output "$out/$what" ;;
     decode-[0-9]*)  # a decoding step, one query against N keys (B = 8): flex or the bias SDPA reads, for auto
         # shellcheck disable=SC2086  # $decode_variants: one word per variant
         stage "$what" 90 "$py" benchmarks/flex_tuning.py --decode --sizes "${what#decode-}" --variants $decode_variants \
