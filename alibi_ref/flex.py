@@ -98,15 +98,46 @@ def _the_key_length_may_vary(k, v) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _shape_block_mask(q_len: int, k_len: int, device, causal: bool, window=None):
-    """The block mask of the causal mask and a window, which depend on the shape only: built once per shape.
-    On CUDA it is built compiled, holding no (q_len, k_len) tensor (uncompiled it took gigabytes at
-    N = 16384: docs/performance.md, "CUDA"); torch 2.13's CPU compiler fails on it for q_len = 1, so the CPU builds it
-    eagerly."""
-    import torch
+    """The block mask of the causal mask and a window, which depend on the shape only: built once per shape, from
+    the tiles' corners (``_band_block_mask``) rather than by evaluating the mask at every (i, j) as torch's
+    ``create_block_mask`` does. That took a (q_len, k_len) tensor uncompiled (gigabytes at N = 16384) and, compiled,
+    more than 35 s on a fresh H100 process before the first causal call at N = 16384 could run
+    (docs/performance.md, "CUDA")."""
+    left, right = window or (None, None)
+    beyond = q_len + k_len  # further than any rel (1 - q_len .. k_len - 1): no bound on that side
+    lowest = max(0 if causal else -beyond, -beyond if right is None else -right)
+    return _band_block_mask(q_len, k_len, device, lowest, beyond if left is None else left,
+                            visibility(_offset(q_len, k_len, device), causal, window=window))
 
-    offset = _offset(q_len, k_len, device)
-    return _block_mask(visibility(offset, causal, window=window), None, q_len, k_len, device,
-                       torch.device(device).type == "cuda")
+
+def _band_block_mask(q_len: int, k_len: int, device, lowest: int, highest: int, mask_mod, block: int = 128):
+    """The BlockMask of the keys with lowest <= rel <= highest (rel = i' - j, i' = i + k_len - q_len), equal to
+    ``create_block_mask(mask_mod, None, None, q_len, k_len)`` for the mask_mod of that band, tensor for tensor.
+
+    Over a tile of real queries i0..i1 and keys j0..j1, rel takes every integer from i0' - j1 to i1' - j0, so
+    the tile holds a visible score iff that range meets [lowest, highest], and is full iff the range lies inside
+    it and the tile is a whole block (torch pads the last blocks with hidden scores). (q_blocks, k_blocks) here,
+    where torch's builder evaluates q_len x k_len scores."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    offset = k_len - q_len
+    i0 = torch.arange(0, q_len, block, device=device)  # each query block's first query, (q_blocks,)
+    j0 = torch.arange(0, k_len, block, device=device)  # each key block's first key, (k_blocks,)
+    i1, j1 = (i0 + block).clamp(max=q_len) - 1, (j0 + block).clamp(max=k_len) - 1  # their last real ones
+    nearest = (i0 + offset)[:, None] - j1[None, :]  # the tile's smallest rel, (q_blocks, k_blocks)
+    farthest = (i1 + offset)[:, None] - j0[None, :]  # its largest
+    whole = (i0 + block <= q_len)[:, None] & (j0 + block <= k_len)[None, :]
+    full = whole & (nearest >= lowest) & (farthest <= highest)
+    partial = (farthest >= lowest) & (nearest <= highest) & ~full
+
+    def ordered(tiles):  # as torch's _dense_to_ordered: per query block, the count and the key blocks seen first
+        tiles = tiles.to(torch.int32)[None, None]  # (1, 1, q_blocks, k_blocks): no batch or head dependence
+        return (tiles.sum(-1).to(torch.int32),
+                torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32))
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=(block, block),
+                                    mask_mod=mask_mod, seq_lengths=(q_len, k_len))
 
 
 def _causal_block_mask(q_len: int, k_len: int, device):
@@ -168,5 +199,26 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
         # a block mask holds the lengths as numbers: with one, each shape compiles
         if block_mask is None and q_len <= FEW_QUERIES:
             _the_key_length_may_vary(k, v)
-    return attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset, positions, behind_only),
-                  block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
+    d_v = v.shape[-1]
+    if q.device.type == "cpu":
+        q, k, v = _wide_enough_heads(q, k, v)
+    out = attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset, positions, behind_only),
+                 block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
+    return out[..., :d_v]  # (B, H, i, d_v)
+
+
+# torch 2.13's compiled CPU FlexAttention gave wrong rows for head sizes of 8 and 16 on an AVX2 machine (AMD EPYC,
+# 2026-11-27): some rows of the last (b, h) at N = 40..136, with no score_mod and no mask too; 24 and up were
+# right (docs/performance.md, "FlexAttention on the CPU")
+CPU_FLEX_MIN_HEAD_DIM = 32
+
+
+def _wide_enough_heads(q, k, v):
+    """q, k, v with head sizes of at least CPU_FLEX_MIN_HEAD_DIM: zeros appended to q and k add nothing to q.k,
+    and the columns appended to v come out as zeros the caller cuts off. The scale stays the caller's."""
+    import torch.nn.functional as F
+
+    def wide(x):
+        return x if x.shape[-1] >= CPU_FLEX_MIN_HEAD_DIM else F.pad(x, (0, CPU_FLEX_MIN_HEAD_DIM - x.shape[-1]))
+
+    return wide(q), wide(k), wide(v)

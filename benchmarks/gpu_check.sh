@@ -59,7 +59,8 @@ stage() {  # name, seconds, command...: run it, show its tail, keep all of it in
     shift 2
     echo "=== $name (at most ${limit} s) ==="
     local started=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" >"$out/$name.txt" 2>&1
+    # SIGINT first: pytest then still prints the failures it met, which a stage cut at its limit would lose
+    timeout --signal=INT --kill-after=10 "$limit" "$@" >"$out/$name.txt" 2>&1
     local rc=$?
     tail -n 40 "$out/$name.txt"
     echo "=== $name: exit $rc after $((SECONDS - started)) s$([ $rc = 124 ] && echo ', cut at its time limit') ==="
@@ -73,7 +74,7 @@ print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda, \"cuDNN\", tor
 print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'; \
 $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hypothesis|pytest) '" ;;
     tests)  # every torch test on cuda (the CPU runs are make test's): paths, bias, padding, the layer, the CLI
-        stage tests 200 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
+        stage tests 240 "${pytest_[@]}" -m cuda tests/test_attention.py tests/test_bias.py tests/test_padding.py \
             tests/test_cli_and_explain.py tests/test_fused_paths.py tests/test_nn.py tests/test_plans.py ;;
     jax)  # JAX puts arrays on its default device: the GPU where jax-cuda is installed. Not the two property
           # tests: 40 shapes each, one XLA compilation a shape (on the H200 the first took most of 90 s); the

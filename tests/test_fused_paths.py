@@ -9,7 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from conftest import DEVICES
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_attention import problems, to_torch
 
@@ -509,6 +510,38 @@ def test_default_path_at_length_16384_stays_under_1_gib():
 FLEX_TOLERANCES = [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 2e-2, 4e-2)]
 
 
+BLOCK_MASK_FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                     "q_indices", "full_q_num_blocks", "full_q_indices"]
+reaches = st.one_of(st.none(), st.integers(0, 400))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_shapes_block_mask_is_torchs_own_tensor_for_tensor(device):
+    """The causal and window block masks come from the tiles' corners (flex._band_block_mask), not from evaluating
+    the mask at every (i, j): they must equal what torch's create_block_mask builds from the same mask_mod, every
+    tensor of it, for lengths around and between the 128-wide blocks, more queries than keys too."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from alibi_ref.flex import _offset, _shape_block_mask, visibility
+
+    @settings(max_examples=40)
+    @given(st.integers(1, 700), st.integers(1, 700), st.booleans(), st.one_of(st.none(), st.tuples(reaches, reaches)))
+    @example(129, 256, True, None)  # a tile whose nearest key is exactly at the band's edge: full, not partial
+    @example(256, 256, False, (None, 127))  # the same at the window's edge ahead
+    @example(700, 5, False, (3, None))  # queries far before every key: rel down to 1 - q_len
+    def check(q_len, k_len, causal, window):
+        if not causal and window in (None, (None, None)):
+            return  # no mask: flex runs without one
+        ours = _shape_block_mask(q_len, k_len, torch.device(device), causal, window)
+        mask_mod = visibility(_offset(q_len, k_len, device), causal, window=window)
+        theirs = create_block_mask(mask_mod, None, None, q_len, k_len, device=device)
+        assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
+        for field in BLOCK_MASK_FIELDS:
+            torch.testing.assert_close(getattr(ours, field), getattr(theirs, field), rtol=0, atol=0, msg=field)
+
+    check()
+
+
 @pytest.mark.parametrize(("dtype", "tol", "grad_tol"), FLEX_TOLERANCES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize(("causal", "q_len"), [(True, 128), (False, 128), (True, 1)])
 def test_flex_equals_naive_forward_and_backward(device, causal, q_len, dtype, tol, grad_tol):
@@ -531,6 +564,23 @@ def test_flex_equals_naive_forward_and_backward(device, causal, q_len, dtype, to
     ours_all = torch.autograd.grad(out, leaves, grad.to(dtype))
     for ours, theirs in zip(ours_all, torch.autograd.grad(expected, reference, grad), strict=True):
         torch.testing.assert_close(ours.double(), theirs, rtol=1e-4, atol=grad_tol)
+
+
+@pytest.mark.parametrize(("d", "d_v"), [(8, 16), (16, 8), (40, 24)])
+def test_flex_with_narrow_heads_equals_naive(device, d, d_v):
+    """Head sizes under CPU_FLEX_MIN_HEAD_DIM run the CPU's FlexAttention on zero-padded heads (torch 2.13's kernel
+    gave wrong rows for 8 and 16 on an AVX2 machine): the output keeps v's own width and equals the naive path, for
+    lengths around the kernel's blocks and a narrower or wider v than q."""
+    gen = torch.Generator().manual_seed(3)
+    slopes = torch.tensor(get_slopes(4))
+    for n, causal in [(40, True), (72, False), (136, True)]:
+        q, k = (torch.randn(2, 4, n, d, generator=gen, dtype=torch.float64) for _ in range(2))
+        v = torch.randn(2, 4, n, d_v, generator=gen, dtype=torch.float64)
+        out = alibi_attention(*(x.to(device, torch.float32) for x in (q, k, v)), slopes.to(device), causal=causal,
+                              impl="flex")
+        assert out.shape == (2, 4, n, d_v)
+        expected = alibi_attention(q, k, v, slopes, causal=causal, impl="naive")
+        torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(("causal", "q_len"), [(False, 64), (True, 256), (True, 64)])
