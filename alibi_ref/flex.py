@@ -110,9 +110,11 @@ def _shape_block_mask(q_len: int, k_len: int, device, causal: bool, window=None)
                             visibility(_offset(q_len, k_len, device), causal, window=window))
 
 
-def _band_block_mask(q_len: int, k_len: int, device, lowest: int, highest: int, mask_mod, block: int = 128):
+def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, block: int = 128):
     """The BlockMask of the keys with lowest <= rel <= highest (rel = i' - j, i' = i + k_len - q_len), equal to
     ``create_block_mask(mask_mod, None, None, q_len, k_len)`` for the mask_mod of that band, tensor for tensor.
+    ``lowest`` and ``highest`` are ints, or one per head (lists): then the mask is per head, as
+    ``create_block_mask(mask_mod, None, H, ...)`` builds it (each head's reach, ``alibi_ref.reach``).
 
     Over a tile of real queries i0..i1 and keys j0..j1, rel takes every integer from i0' - j1 to i1' - j0, so
     the tile holds a visible score iff that range meets [lowest, highest], and is full iff the range lies inside
@@ -128,11 +130,14 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest: int, highest: int, 
     nearest = (i0 + offset)[:, None] - j1[None, :]  # the tile's smallest rel, (q_blocks, k_blocks)
     farthest = (i1 + offset)[:, None] - j0[None, :]  # its largest
     whole = (i0 + block <= q_len)[:, None] & (j0 + block <= k_len)[None, :]
+    per_head = not isinstance(lowest, int)
+    if per_head:  # (H, 1, 1) against the tiles' (q_blocks, k_blocks)
+        lowest, highest = (torch.tensor(bound, device=device).view(-1, 1, 1) for bound in (lowest, highest))
     full = whole & (nearest >= lowest) & (farthest <= highest)
     partial = (farthest >= lowest) & (nearest <= highest) & ~full
 
     def ordered(tiles):  # as torch's _dense_to_ordered: per query block, the count and the key blocks seen first
-        tiles = tiles.to(torch.int32)[None, None]  # (1, 1, q_blocks, k_blocks): no batch or head dependence
+        tiles = tiles.to(torch.int32)[None] if per_head else tiles.to(torch.int32)[None, None]  # (1, H | 1, ...)
         return (tiles.sum(-1).to(torch.int32),
                 torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32))
 

@@ -85,20 +85,21 @@ def key_term_only(slopes):
 def reach_block_mask(slopes, causal: bool):
     """A function (q, k) -> FlexAttention block mask hiding the keys beyond each head's reach (``alibi_ref.reach``:
     they hold under eps / 8 of any row's weight) and, causal, the keys ahead. The reach is read from q and k at
-    each call (a device sync, counted in the time), rounded up to 128 keys, and a mask kept per rounded reach."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+    each call (a device sync, counted in the time), rounded up to 128 keys, and a mask kept per rounded reach,
+    built from the tiles' corners as the library's causal mask (``flex._band_block_mask``)."""
+    from alibi_ref.flex import _band_block_mask
     from alibi_ref.reach import head_reach
 
     masks = {}
 
     def block_mask(q, k):
-        q_len, k_len = q.shape[-2], k.shape[-2]
+        q_len, k_len, groups = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
         reach = [k_len if r is None else min(k_len, -(-r // 128) * 128)
-                 for r in head_reach(q, k, slopes, q.shape[-1] ** -0.5, q.shape[-3] // k.shape[-3])]
+                 for r in head_reach(q, k, slopes, q.shape[-1] ** -0.5, groups)]
         key = (tuple(reach), q_len, k_len)
         if key not in masks:
-            limit = torch.tensor(reach, device=q.device).repeat_interleave(q.shape[-3] // k.shape[-3])  # (H,)
+            reach = [r for r in reach for _ in range(groups)]  # per query head
+            limit = torch.tensor(reach, device=q.device)  # (H,)
             offset = k_len - q_len
 
             def near(b, h, q_idx, kv_idx):
@@ -106,9 +107,7 @@ def reach_block_mask(slopes, causal: bool):
                 seen = (behind <= limit[h]) & (behind >= -limit[h])
                 return seen & (behind >= 0) if causal else seen
 
-            # compiled on CUDA, as the library's: uncompiled it evaluates every (h, i, j) at once
-            masks[key] = create_block_mask(near, None, q.shape[-3], q_len, k_len, device=q.device,
-                                           _compile=q.device.type == "cuda")
+            masks[key] = _band_block_mask(q_len, k_len, q.device, [0 if causal else -r for r in reach], reach, near)
         return masks[key]
 
     return block_mask

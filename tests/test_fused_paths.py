@@ -534,12 +534,41 @@ def test_the_shapes_block_mask_is_torchs_own_tensor_for_tensor(device):
             return  # no mask: flex runs without one
         ours = _shape_block_mask(q_len, k_len, torch.device(device), causal, window)
         mask_mod = visibility(_offset(q_len, k_len, device), causal, window=window)
-        theirs = create_block_mask(mask_mod, None, None, q_len, k_len, device=device)
-        assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
-        for field in BLOCK_MASK_FIELDS:
-            torch.testing.assert_close(getattr(ours, field), getattr(theirs, field), rtol=0, atol=0, msg=field)
+        assert_same_block_mask(ours, create_block_mask(mask_mod, None, None, q_len, k_len, device=device))
 
     check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_block_mask_per_head_is_torchs_own_tensor_for_tensor(device):
+    """One band per head (each head's reach, alibi_ref.reach, as benchmarks/flex_tuning.py's flex_reach builds
+    it): flex._band_block_mask with a bound per head equals create_block_mask over the heads."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from alibi_ref.flex import _band_block_mask
+
+    @settings(max_examples=20)
+    @given(st.integers(1, 600), st.integers(1, 600), st.lists(st.integers(0, 700), min_size=1, max_size=4),
+           st.booleans())
+    @example(256, 256, [127, 0, 300], False)  # tiles exactly at a head's edge
+    def check(q_len, k_len, reach, causal):
+        offset, limit = k_len - q_len, torch.tensor(reach, device=device)
+
+        def near(b, h, q_idx, kv_idx):
+            behind = q_idx + offset - kv_idx
+            seen = (behind <= limit[h]) & (behind >= -limit[h])
+            return seen & (behind >= 0) if causal else seen
+
+        ours = _band_block_mask(q_len, k_len, torch.device(device), [0 if causal else -r for r in reach], reach, near)
+        assert_same_block_mask(ours, create_block_mask(near, None, len(reach), q_len, k_len, device=device))
+
+    check()
+
+
+def assert_same_block_mask(ours, theirs):
+    assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
+    for field in BLOCK_MASK_FIELDS:
+        torch.testing.assert_close(getattr(ours, field), getattr(theirs, field), rtol=0, atol=0, msg=field)
 
 
 @pytest.mark.parametrize(("dtype", "tol", "grad_tol"), FLEX_TOLERANCES, ids=["float32", "bfloat16"])
