@@ -130,14 +130,13 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, 
     nearest = (i0 + offset)[:, None] - j1[None, :]  # the tile's smallest rel, (q_blocks, k_blocks)
     farthest = (i1 + offset)[:, None] - j0[None, :]  # its largest
     whole = (i0 + block <= q_len)[:, None] & (j0 + block <= k_len)[None, :]
-    per_head = not isinstance(lowest, int)
-    if per_head:  # (H, 1, 1) against the tiles' (q_blocks, k_blocks)
+    if not isinstance(lowest, int):  # one bound per head: (H, 1, 1) against the tiles' (q_blocks, k_blocks)
         lowest, highest = (torch.tensor(bound, device=device).view(-1, 1, 1) for bound in (lowest, highest))
     full = whole & (nearest >= lowest) & (farthest <= highest)
     partial = (farthest >= lowest) & (nearest <= highest) & ~full
 
     def ordered(tiles):  # as torch's _dense_to_ordered: per query block, the count and the key blocks seen first
-        tiles = tiles.to(torch.int32)[None] if per_head else tiles.to(torch.int32)[None, None]  # (1, H | 1, ...)
+        tiles = tiles.to(torch.int32).view(1, -1, *tiles.shape[-2:])  # (1, H or 1, q_blocks, k_blocks)
         return (tiles.sum(-1).to(torch.int32),
                 torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32))
 
