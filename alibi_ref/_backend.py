@@ -18,6 +18,17 @@ def is_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def grad_taken(*tensors) -> bool:
+    """Whether autograd will record a call on these torch tensors. A loop, not ``any()`` over a generator:
+    every torch call asks this, and the generator made it 0.9 us instead of 0.65 us (four tensors)."""
+    if not sys.modules["torch"].is_grad_enabled():
+        return False
+    for x in tensors:
+        if x.requires_grad:
+            return True
+    return False
+
+
 def is_jax(x) -> bool:
     jax = sys.modules.get("jax")
     return jax is not None and isinstance(x, jax.Array)

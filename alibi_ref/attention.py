@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._backend import as_like, cast, float_dtypes, is_jax, is_tensor, repeat_heads, softmax, xp
+from ._backend import as_like, cast, float_dtypes, grad_taken, is_jax, is_tensor, repeat_heads, softmax, xp
 from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
 from .kept import fits, keepable, kept
 
@@ -203,8 +203,9 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
         cheaper = _bias_is_cheaper(q, dims, causal) if not positional else dims.q_len <= FEW_QUERIES
         return "sdpa" if cheaper else "strided"
     if positional or window:
-        # flex takes them, but rebuilds a padded batch's block mask at every call (no faster than the bias at 4096
-        # keys on an H100: docs/performance.md, "CUDA"), and with a window it has not been timed on a GPU
+        # flex takes them, but builds a padded batch's block mask at every call (no faster than the bias at 4096
+        # keys on an H100 with torch's builder; its own builder since is untimed on a GPU: docs/performance.md,
+        # "CUDA"), and with a window it has not been timed on a GPU
         return "sdpa"
     long_enough = dims.k_len >= FUSED_MIN_LEN and dims.q_len > FEW_QUERIES
     return "flex" if long_enough and flex_available() and not dropout else "sdpa"
@@ -220,18 +221,11 @@ def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool, grad: bool |
 
     v = q if v is None else v
     if grad is None:
-        grad = _grad_taken(q, v)
+        grad = grad_taken(q, v)
     if dims.q_len <= FEW_QUERIES or fused.refusal(q, v, float(dropout), positional, grad=grad) is not None:
         return False
     min_keys = FUSED_BF16_MIN_KEYS if q.dtype == fused.torch.bfloat16 else FUSED_CPU_MIN_KEYS
     return (dims.k_len >= min_keys or grad) and fused.available()
-
-
-def _grad_taken(*tensors) -> bool:
-    """Whether autograd will record a call on these torch tensors."""
-    import torch
-
-    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
 
 
 def check_impl(impl: str, dropout: bool = False) -> None:
@@ -292,7 +286,7 @@ class Plan(NamedTuple):
     out_dtype: object
     work: object
     chosen: str
-    holds: object = None  # None, or what the plan holds only while, asked at each reuse (``_holds_while``)
+    holds: object = None  # None, or what the plan holds only while, asked at each reuse (``_keeping``)
 
 
 # the plans of torch calls checked before, by what decided them (``_plan_key``), up to PLANS_KEPT of them: a model
@@ -313,8 +307,7 @@ def _plan_key(q, k, v, slopes, causal, scale, impl):
     if torch.compiler.is_compiling() or type(causal) is not bool or type(impl) is not str or not (
             scale is None or type(scale) in (int, float)):
         return None
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                        or slopes.requires_grad)
+    grad = grad_taken(q, k, v, slopes)
     return (q.shape, k.shape, v.shape, slopes.shape, q.dtype, k.dtype, v.dtype, slopes.dtype, q.device, k.device,
             v.device, slopes.device, grad, causal, scale, impl)
 
@@ -325,20 +318,18 @@ def _known_plan(key) -> Plan | None:
     return plan if plan is None or plan.holds is None or plan.holds() else None
 
 
-def _holds_while(chosen: str, impl: str):
-    """What a plan holds only while, or None: "auto" takes the fused kernel only while it is available, which
-    ALIBI_REF_FUSED can change at any time."""
-    if chosen == "fused" and impl == "auto":
+def _keeping(chosen: str, impl: str, q):
+    """Whether a torch call's plan may be kept, and what it then holds only while (None: for good). Asked by
+    name, a path is kept for good. "auto" on the CPU also asks whether the call's bias is kept (``bias_is_kept``),
+    which changes from call to call, so its plan is not kept, unless the fused kernel took the call: then it
+    holds while the kernel is available, which ALIBI_REF_FUSED can change at any time."""
+    if impl != "auto":
+        return True, None
+    if chosen == "fused":
         from .fused import available
 
-        return available
-    return None
-
-
-def _lasting(plan: Plan, q, impl: str) -> bool:
-    """Whether a plan holds for every later call with its key: on the CPU "auto" also asks whether the call's bias
-    is kept (``bias_is_kept``), which changes from call to call, unless the fused kernel took it."""
-    return impl != "auto" or plan.chosen == "fused" or q.device.type == "cuda"
+        return True, available
+    return q.device.type == "cuda", None
 
 
 def _remember(key, plan: Plan) -> None:
@@ -419,7 +410,7 @@ def alibi_attention(
         dropout_p = _check_dropout(dropout_p, q)
         window = check_window(window)
         per_row = _per_row(q, dims, key_padding_mask, q_positions, k_positions)
-        grad = is_tensor(q) and _grad_taken(q, k, v, slopes)
+        grad = is_tensor(q) and grad_taken(q, k, v, slopes)
         chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
                              window is not None, slopes, grad)
         if chosen == "fused" and impl == "fused":  # asked for by name; "auto" took it where it fits (_fused_takes)
@@ -430,8 +421,9 @@ def alibi_attention(
                 why = "a window can leave the first queries, before the first key, no key at all"
             if why is not None:
                 raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
-        plan = Plan(dims, scale, out_dtype, work, chosen, _holds_while(chosen, impl))
-        if key is not None and _lasting(plan, q, impl):
+        keep, holds = _keeping(chosen, impl, q) if key is not None else (False, None)
+        plan = Plan(dims, scale, out_dtype, work, chosen, holds)
+        if keep:
             _remember(key, plan)
     else:  # a call like one checked before: only the slopes' values may differ (dropout_p is 0, window None)
         dims, scale, out_dtype, work, chosen, _ = plan

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from ._backend import grad_taken
+
 SOURCE = Path(__file__).parent / "csrc" / "fused_alibi.cpp"
 # -march=native: the binary is built for the machine that runs it (its name carries the CPU's model and
 # features); 512-bit vectors where the CPU has them, for the score passes; -fno-math-errno lets them vectorise
@@ -178,7 +180,7 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = map(_unit_stride, (q, k, v))
     windows = head_windows(q, k, slopes, scale, causal, groups, window, kernel)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or slopes.requires_grad):
+    if grad_taken(q, k, v, slopes):
         out = FusedALiBi.apply(q, k, v, slopes, windows, float(scale), causal, kernel)  # (B, H, i, d)
     else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
         out = kernel.forward(q, k, v, slopes, windows, float(scale), causal)[0]
@@ -193,7 +195,7 @@ def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window, 
     left, right = window or (-1, -1)
     left, right = -1 if left is None else left, -1 if right is None else right
     q_len, k_len = q.shape[-2], k.shape[-2]
-    reach_holds = q_len <= k_len and k_len > REACH_MIN_KEYS and not (slopes.requires_grad and torch.is_grad_enabled())
+    reach_holds = q_len <= k_len and k_len > REACH_MIN_KEYS and not grad_taken(slopes)
     if not reach_holds:
         return _same_window(q.shape[-3], left, right)
     from .reach import head_reach

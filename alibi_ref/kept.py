@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ._backend import is_tensor
+from ._backend import grad_taken, is_tensor
 
 KEPT_BYTES = 32 << 20  # in all; one tensor larger than a quarter of it is built and not kept
 _kept: OrderedDict = OrderedDict()
@@ -53,7 +53,7 @@ def keepable(slopes) -> bool:
         return False
     import torch
 
-    return (slopes.device.type == "cpu" and not (slopes.requires_grad and torch.is_grad_enabled())
+    return (slopes.device.type == "cpu" and not grad_taken(slopes)
             and not torch.compiler.is_compiling())
 
 

@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from ._backend import grad_taken
 from .denormals import subnormals_flushed
 
 # Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
@@ -97,7 +98,7 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
     # windowed heads' calls were slower than (docs/performance.md, "Each head's reach")
     measured = q.dtype in (torch.float32, torch.float64) or (q.dtype == torch.bfloat16 and not causal)
     if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu" or not measured
-            or torch.compiler.is_compiling() or (slopes.requires_grad and torch.is_grad_enabled())):
+            or torch.compiler.is_compiling() or grad_taken(slopes)):
         return None
     from .strided import WINDOW_ROWS  # the rows of each windowed head's kernel call (strided imports this module)
 

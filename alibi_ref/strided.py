@@ -93,7 +93,7 @@ import functools
 
 import torch
 
-from ._backend import over_flat_batch, repeat_heads
+from ._backend import grad_taken, over_flat_batch, repeat_heads
 from .bias import bias_from_distances
 from .kept import kept
 from .reach import reach_windows
@@ -181,7 +181,7 @@ def last_row_fits(q, v, slopes, causal: bool, dropout_p: float) -> bool:
     q_len, k_len = q.shape[-2], v.shape[-2]
     if not causal or q_len != k_len or q.device.type != "cpu" or dropout_p > 0 or v.shape[-1] != q.shape[-1]:
         return False
-    if slopes.requires_grad and torch.is_grad_enabled():
+    if grad_taken(slopes):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -226,7 +226,7 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     windows = reach_windows(q, k, slopes, scale, causal, groups, window) if dropout_p == 0 else None
     if windows is not None:  # some heads' far keys hold no weight: those heads see a window (alibi_ref.reach)
         return _by_reach(q, k, v, slopes, scale, causal, groups, block, windows, window)
-    if slopes.requires_grad and torch.is_grad_enabled() and dropout_p == 0:
+    if grad_taken(slopes) and dropout_p == 0:
         # the fused kernel refuses a mask that needs a gradient: the slopes get theirs beside it
         out = _attention(q, k, v, slopes.detach(), scale, causal, groups, block, 0.0, window)
         return SlopesGradient.apply(out, slopes, q.detach(), k.detach(), v.detach(), scale, causal, groups, window)
