@@ -103,14 +103,31 @@ def _shape_block_mask(q_len: int, k_len: int, device, causal: bool, window=None)
     ``create_block_mask`` does. That took a (q_len, k_len) tensor uncompiled (gigabytes at N = 16384) and, compiled,
     more than 35 s on a fresh H100 process before the first causal call at N = 16384 could run
     (docs/performance.md, "CUDA")."""
-    left, right = window or (None, None)
-    beyond = q_len + k_len  # further than any rel (1 - q_len .. k_len - 1): no bound on that side
-    lowest = max(0 if causal else -beyond, -beyond if right is None else -right)
-    return _band_block_mask(q_len, k_len, device, lowest, beyond if left is None else left,
+    return _band_block_mask(q_len, k_len, device, *_band(causal, window),
                             visibility(_offset(q_len, k_len, device), causal, window=window))
 
 
-def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, block: int = 128):
+def _rows_block_mask(q_len: int, k_len: int, device, causal: bool, window, positions, key_padding_mask, mask_mod):
+    """A batch row's own block mask, per row, for its positions and the keys that exist (``_band_block_mask``):
+    built at every call, since it follows the batch's values, in well under a millisecond (torch's builder,
+    compiled, stalled for every new shape)."""
+    return _band_block_mask(q_len, k_len, device, *_band(causal, window), mask_mod, positions=positions,
+                            key_padding_mask=key_padding_mask)
+
+
+_UNBOUNDED = 1 << 62  # farther than any two positions apart (int64)
+
+
+def _band(causal: bool, window) -> tuple[int, int]:
+    """(lowest, highest) rel a query sees: causal none ahead of it, a window (left, right) at most left behind
+    and right ahead."""
+    left, right = window or (None, None)
+    lowest = max(0 if causal else -_UNBOUNDED, -_UNBOUNDED if right is None else -right)
+    return lowest, _UNBOUNDED if left is None else left
+
+
+def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, block: int = 128,
+                     positions=None, key_padding_mask=None):
     """The BlockMask of the keys with lowest <= rel <= highest (rel = i' - j, i' = i + k_len - q_len), equal to
     ``create_block_mask(mask_mod, None, None, q_len, k_len)`` for the mask_mod of that band, tensor for tensor.
     ``lowest`` and ``highest`` are ints, or one per head (lists): then the mask is per head, as
@@ -119,24 +136,37 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, 
     Over a tile of real queries i0..i1 and keys j0..j1, rel takes every integer from i0' - j1 to i1' - j0, so
     the tile holds a visible score iff that range meets [lowest, highest], and is full iff the range lies inside
     it and the tile is a whole block (torch pads the last blocks with hidden scores). (q_blocks, k_blocks) here,
-    where torch's builder evaluates q_len x k_len scores."""
+    where torch's builder evaluates q_len x k_len scores.
+
+    Per batch row (``positions`` = (q_positions (B, i), k_positions (B, j)), ``key_padding_mask`` (B, j)): the
+    same from each tile's least and greatest positions among its keys that exist. A full tile is still exactly
+    torch's (every pair visible); a tile is called partial wherever its range meets the band, which between
+    scattered positions or keys may hold no visible pair after all: computed, masked, the same output, where
+    torch's builder would have skipped it."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask
 
-    offset = k_len - q_len
-    i0 = torch.arange(0, q_len, block, device=device)  # each query block's first query, (q_blocks,)
-    j0 = torch.arange(0, k_len, block, device=device)  # each key block's first key, (k_blocks,)
-    i1, j1 = (i0 + block).clamp(max=q_len) - 1, (j0 + block).clamp(max=k_len) - 1  # their last real ones
-    nearest = (i0 + offset)[:, None] - j1[None, :]  # the tile's smallest rel, (q_blocks, k_blocks)
-    farthest = (i1 + offset)[:, None] - j0[None, :]  # its largest
-    whole = (i0 + block <= q_len)[:, None] & (j0 + block <= k_len)[None, :]
+    if positions is None:  # every row the same: i' and j
+        q_pos = torch.arange(q_len, device=device)[None] + (k_len - q_len)  # (1, i)
+        k_pos = torch.arange(k_len, device=device)[None]  # (1, j)
+    else:
+        q_pos, k_pos = (p.to(device=device, dtype=torch.int64) for p in positions)  # (B, i), (B, j)
+    exists = torch.ones_like(k_pos, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.to(device)
+    q_least, q_greatest = _tile_bounds(q_pos, torch.ones_like(q_pos, dtype=torch.bool), block)  # (B | 1, q_blocks)
+    k_least, k_greatest = _tile_bounds(k_pos, exists, block)  # (B | 1, k_blocks)
+    nearest = (q_least[:, :, None] - k_greatest[:, None, :])[:, None]  # the tile's smallest rel, (B | 1, 1, qb, kb)
+    farthest = (q_greatest[:, :, None] - k_least[:, None, :])[:, None]  # its largest
+    # whole: a whole block of queries, and of keys that all exist; some: any key there exists
+    whole_q = (torch.arange(0, q_len, block, device=device) + block <= q_len)[:, None]  # (q_blocks, 1)
+    whole = whole_q & _tile_all(exists, block)[:, None, None, :]  # (B | 1, 1, q_blocks, k_blocks)
+    some = _tile_any(exists, block)[:, None, None, :]
     if not isinstance(lowest, int):  # one bound per head: (H, 1, 1) against the tiles' (q_blocks, k_blocks)
         lowest, highest = (torch.tensor(bound, device=device).view(-1, 1, 1) for bound in (lowest, highest))
     full = whole & (nearest >= lowest) & (farthest <= highest)
-    partial = (farthest >= lowest) & (nearest <= highest) & ~full
+    partial = some & (farthest >= lowest) & (nearest <= highest) & ~full
 
     def ordered(tiles):  # as torch's _dense_to_ordered: per query block, the count and the key blocks seen first
-        tiles = tiles.to(torch.int32).view(1, -1, *tiles.shape[-2:])  # (1, H or 1, q_blocks, k_blocks)
+        tiles = tiles.to(torch.int32)  # (B | 1, H | 1, q_blocks, k_blocks)
         return (tiles.sum(-1).to(torch.int32),
                 torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32))
 
@@ -144,14 +174,43 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, 
                                     mask_mod=mask_mod, seq_lengths=(q_len, k_len))
 
 
+# what a block without a position holds (int64): never compared as one, its tiles are empty (``_tile_any``)
+_NO_VALUE = 1 << 40
+
+
+def _tile_bounds(positions, exists, block: int):
+    """Per block of ``block`` along the last dimension: the least and the greatest of the positions that exist,
+    each (..., blocks); a block with none holds +-_NO_VALUE (its tiles are empty by ``_tile_any``)."""
+    import torch.nn.functional as F
+
+    pad = -positions.shape[-1] % block
+    here = F.pad(exists, (0, pad), value=False)
+    least = F.pad(positions, (0, pad)).masked_fill(~here, _NO_VALUE)
+    greatest = F.pad(positions, (0, pad)).masked_fill(~here, -_NO_VALUE)
+    return (least.unflatten(-1, (-1, block)).amin(-1), greatest.unflatten(-1, (-1, block)).amax(-1))
+
+
+def _tile_any(exists, block: int):
+    import torch.nn.functional as F
+
+    return F.pad(exists, (0, -exists.shape[-1] % block), value=False).unflatten(-1, (-1, block)).any(-1)
+
+
+def _tile_all(exists, block: int):  # the last block's padding is not a key: a last block that is not whole
+    import torch.nn.functional as F
+
+    return F.pad(exists, (0, -exists.shape[-1] % block), value=False).unflatten(-1, (-1, block)).all(-1)
+
+
 def _causal_block_mask(q_len: int, k_len: int, device):
     return _shape_block_mask(q_len, k_len, device, True)
 
 
-def _block_mask(mask_mod, batch: int | None, q_len: int, k_len: int, device, compiled: bool = False):
+def _block_mask(mask_mod, batch: int | None, q_len: int, k_len: int, device):
+    """torch's own builder, inside a model being compiled: the trace builds the mask with the model."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(mask_mod, batch, None, q_len, k_len, device=device, _compile=compiled)
+    return create_block_mask(mask_mod, batch, None, q_len, k_len, device=device)
 
 
 def _offset(q_len: int, k_len: int, device):
@@ -189,11 +248,14 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
     # int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the graph
     # (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
     offset = k_len - q_len if compiling else _offset(q_len, k_len, q.device)
-    if per_row or compiling:
+    if compiling:
         visible = visibility(offset, causal, positions, key_padding_mask, window)
-        block_mask = None if visible is None else _block_mask(
-            visible, q.shape[0] if per_row else None, q_len, k_len, q.device,
-            q.device.type == "cuda" and not compiling)
+        block_mask = None if visible is None else _block_mask(visible, q.shape[0] if per_row else None, q_len,
+                                                              k_len, q.device)
+    elif per_row:
+        visible = visibility(offset, causal, positions, key_padding_mask, window)
+        block_mask = None if visible is None else _rows_block_mask(q_len, k_len, q.device, causal, window,
+                                                                   positions, key_padding_mask, visible)
     else:
         block_mask = _shape_block_mask(q_len, k_len, q.device, causal, window) if causal or window else None
     if compiling:
@@ -204,25 +266,31 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
         if block_mask is None and q_len <= FEW_QUERIES:
             _the_key_length_may_vary(k, v)
     d_v = v.shape[-1]
-    if q.device.type == "cpu":
-        q, k, v = _wide_enough_heads(q, k, v)
+    q, k, v = _wide_enough_heads(q, k, v)
     out = attend(q, k, v, score_mod=alibi_score_mod(slopes.float(), offset, positions, behind_only),
                  block_mask=block_mask, scale=scale, enable_gqa=groups > 1)
     return out[..., :d_v]  # (B, H, i, d_v)
 
 
-# torch 2.13's compiled CPU FlexAttention gave wrong rows for head sizes of 8 and 16 on an AVX2 machine (AMD EPYC,
-# 2026-11-27): some rows of the last (b, h) at N = 40..136, with no score_mod and no mask too; 24 and up were
-# right (docs/performance.md, "FlexAttention on the CPU")
+# the least head size each device's FlexAttention takes. CUDA (Triton): tl.dot needs 16, and torch's compiler raises
+# NotImplementedError below it ("NYI: embedding dimension ... must be at least 16"), after seconds of compiling: most
+# likely why the H100 run of 2026-11-27 failed a test with heads of 4 (its message was lost). The CPU: torch 2.13's
+# compiled kernel gave wrong rows for head sizes of 8 and 16 on an AVX2 machine (AMD EPYC, 2026-11-27): some rows
+# of the last (b, h) at N = 40..136, with no score_mod and no mask too; 24 and up were right (docs/performance.md,
+# "FlexAttention on the CPU")
 CPU_FLEX_MIN_HEAD_DIM = 32
+TRITON_MIN_HEAD_DIM = 16  # CUDA, and the other devices whose kernels torch writes in Triton
 
 
 def _wide_enough_heads(q, k, v):
-    """q, k, v with head sizes of at least CPU_FLEX_MIN_HEAD_DIM: zeros appended to q and k add nothing to q.k,
-    and the columns appended to v come out as zeros the caller cuts off. The scale stays the caller's."""
+    """q, k, v with head sizes of at least the device's least (``CPU_FLEX_MIN_HEAD_DIM``, ``TRITON_MIN_HEAD_DIM``):
+    zeros appended to q and k add nothing to q.k, and the columns appended to v come out as zeros the caller cuts
+    off. The scale stays the caller's."""
     import torch.nn.functional as F
 
+    least = CPU_FLEX_MIN_HEAD_DIM if q.device.type == "cpu" else TRITON_MIN_HEAD_DIM
+
     def wide(x):
-        return x if x.shape[-1] >= CPU_FLEX_MIN_HEAD_DIM else F.pad(x, (0, CPU_FLEX_MIN_HEAD_DIM - x.shape[-1]))
+        return x if x.shape[-1] >= least else F.pad(x, (0, least - x.shape[-1]))
 
     return wide(q), wide(k), wide(v)

@@ -20,7 +20,8 @@
 # bench-N/ (bench.json, bench.png) and bench-N.txt (window-N alike).
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
 # (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, window-N (a sliding
-# window on each path that takes one: which `auto` should pick for windows on CUDA, today sdpa), or a size N for bench.
+# window on each path that takes one: which `auto` should pick for windows on CUDA, today sdpa), padded-N (a
+# left-padded batch: the same question for padding), or a size N for bench.
 #
 # Wheels the machine lacks travel in .whl/ (ignored by git; the device tool's `carry`), installed here first:
 # the cudnn_alibi tuning variant needs cuDNN's frontend, fetched on a machine with pip's network by
@@ -93,6 +94,10 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         # shellcheck disable=SC2086  # $decode_variants: one word per variant
         stage "$what" 90 "$py" benchmarks/flex_tuning.py --decode --sizes "${what#decode-}" --variants $decode_variants \
             --no-plot --output "$out/$what" ;;
+    padded-[0-9]*)  # a left-padded batch of 8 (BLOOM's positions), bf16: flex with its block mask built per call from
+        # the tiles' bounds (flex._rows_block_mask, untimed on a GPU) against the bias sdpa reads, which auto takes
+        stage "$what" 150 "$py" -m alibi_ref bench --device cuda --sizes "${what#padded-}" --dtype bfloat16 --backward \
+            --batch 8 --left-padded --paths plain_sdpa sdpa_float_bias flex_compiled --output "$out/$what" ;;
     window-[0-9]*)  # a window of 256 keys each side (causal rows: 256 back) on every path that takes one, bf16
         stage "$what" 150 "$py" -m alibi_ref bench --device cuda --sizes "${what#window-}" --dtype bfloat16 --backward \
             --window 256 256 --paths plain_sdpa sdpa_float_bias strided_mask flex_compiled --output "$out/$what" ;;
@@ -101,7 +106,7 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
             --paths $paths --output "$out/bench-$what" ;;
     *)
-        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N, window-N or a sequence length N" >&2
+        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N, window-N, padded-N or a sequence length N" >&2
         exit 2 ;;
     esac
 done

@@ -565,6 +565,62 @@ def test_a_block_mask_per_head_is_torchs_own_tensor_for_tensor(device):
     check()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_padded_batchs_block_mask_skips_only_what_torchs_own_skips(device):
+    """Each batch row's own block mask (padding, positions: flex._rows_block_mask), built from each tile's least
+    and greatest positions among the keys that exist. Its full tiles are those of torch's create_block_mask from
+    the same mask_mod, and it computes every tile torch computes. With contiguous positions (left padding, BLOOM's
+    positions from the mask) it is torch's own, tensor for tensor; scattered positions or keys may leave a tile
+    no visible pair within its range, computed and masked where torch skips it, the same output."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from alibi_ref.flex import _offset, _rows_block_mask, visibility
+
+    @settings(max_examples=40)
+    @given(st.integers(1, 3), st.integers(1, 400), st.integers(1, 400), st.booleans(),
+           st.one_of(st.none(), st.tuples(reaches, reaches)), st.sampled_from(["none", "bloom", "scattered"]),
+           st.lists(st.integers(0, 400), min_size=3, max_size=3), st.integers(0, 2**31 - 1))
+    @example(2, 256, 256, True, None, "none", [0, 200, 0], 0)  # a row's keys start past its first tiles: empty ones
+    @example(1, 129, 256, True, None, "none", [0, 0, 0], 0)  # a tile's nearest key at the band's edge: full
+    @example(1, 129, 300, False, (5, 0), "bloom", [44, 0, 0], 0)  # a tile at a window's edge, a last block not whole
+    def check(batch, q_len, k_len, causal, window, positions, starts, seed):
+        if positions == "bloom" and q_len > k_len:
+            positions = "none"
+        g = torch.Generator().manual_seed(seed)
+        if positions == "scattered":  # packed sequences, caches with gaps: positions rising by 1-40, keys anywhere
+            exists = torch.rand(batch, k_len, generator=g) < 0.8
+            k_pos = torch.randint(1, 40, (batch, k_len), generator=g).cumsum(-1)
+            q_pos = torch.randint(1, 40, (batch, q_len), generator=g).cumsum(-1) + k_pos[:, -1:] // 2
+        else:
+            starts = torch.tensor(starts[:batch]).clamp(max=k_len)
+            exists = torch.arange(k_len)[None] >= starts[:, None]  # left padding, (B, j)
+            k_pos = (exists.cumsum(-1) - 1).clamp(min=0)  # BLOOM: attention_mask.cumsum(-1) - 1
+            q_pos = k_pos[:, k_len - q_len:]
+        rows = None if positions == "none" else (q_pos.to(device, torch.int32), k_pos.to(device, torch.int32))
+        exists = exists.to(device)
+        mask_mod = visibility(_offset(q_len, k_len, device), causal, rows, exists, window)
+        ours = _rows_block_mask(q_len, k_len, torch.device(device), causal, window, rows, exists, mask_mod)
+        theirs = create_block_mask(mask_mod, batch, None, q_len, k_len, device=device)
+        if positions != "scattered":
+            assert_same_block_mask(ours, theirs)
+            return
+        (our_partial, our_full), (their_partial, their_full) = dense_tiles(ours), dense_tiles(theirs)
+        assert torch.equal(our_full, their_full)
+        assert not (their_partial & ~our_partial).any(), "a tile torch computes is skipped"
+
+    check()
+
+
+def dense_tiles(block_mask):
+    """(partial, full): which tiles a BlockMask computes with the mask_mod and without, (B, H, q_blocks, k_blocks)."""
+    def dense(counts, indices):
+        seen = torch.arange(indices.shape[-1], device=indices.device) < counts[..., None]
+        return torch.zeros(indices.shape, dtype=torch.bool, device=indices.device).scatter_(-1, indices.long(), seen)
+
+    return (dense(block_mask.kv_num_blocks, block_mask.kv_indices),
+            dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+
+
 def assert_same_block_mask(ours, theirs):
     assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
     for field in BLOCK_MASK_FIELDS:
@@ -598,8 +654,9 @@ def test_flex_equals_naive_forward_and_backward(device, causal, q_len, dtype, to
 @pytest.mark.parametrize(("d", "d_v"), [(8, 16), (16, 8), (40, 24)])
 def test_flex_with_narrow_heads_equals_naive(device, d, d_v):
     """Head sizes under CPU_FLEX_MIN_HEAD_DIM run the CPU's FlexAttention on zero-padded heads (torch 2.13's kernel
-    gave wrong rows for 8 and 16 on an AVX2 machine): the output keeps v's own width and equals the naive path, for
-    lengths around the kernel's blocks and a narrower or wider v than q."""
+    gave wrong rows for 8 and 16 on an AVX2 machine), and under TRITON_MIN_HEAD_DIM CUDA's (torch's compiler refuses
+    them): the output keeps v's own width and equals the naive path, for lengths around the kernel's blocks and a
+    narrower or wider v than q."""
     gen = torch.Generator().manual_seed(3)
     slopes = torch.tensor(get_slopes(4))
     for n, causal in [(40, True), (72, False), (136, True)]:
