@@ -183,9 +183,11 @@ inline float exponentiate(const float* row, at::BFloat16* w, int64_t lo, int64_t
 #endif
 
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
-// the forward's stride between rows of a block's scores and weights: 32 numbers past the block, so that
-// successive rows do not start a power of two apart and share the L1 cache's sets, which cost the products
-// time (docs/performance.md, "bfloat16, forward"); rows still start on a 64-byte line in float32 and bfloat16
+// the stride between rows of a block's scores and weights, forward and backward: 32 numbers past the block, so
+// that successive rows do not start a power of two apart and share the L1 cache's sets, which cost the products
+// time (docs/performance.md, "bfloat16, forward"; the backward's, float32: 0.94-0.99x the time with rows K_BLOCK
+// apart at N = 256-4096, three interleaved runs on an AMD EPYC); rows still start on a 64-byte line in float32
+// and bfloat16
 constexpr int64_t ROW = K_BLOCK + 32;
 
 // A thread's working array, left uninitialised: every element is written before it is read, and a
@@ -517,7 +519,7 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
   struct Buffers {
     Scratch<T> p, ds, delta;
   };
-  auto make = [&] { return Buffers{Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK * K_BLOCK), Scratch<T>(Q_BLOCK)};
+  auto make = [&] { return Buffers{Scratch<T>(Q_BLOCK * ROW), Scratch<T>(Q_BLOCK * ROW), Scratch<T>(Q_BLOCK)};
   };
   each_task(sh.batch * sh.heads, make, [&](int64_t task, Buffers& buffers) {  // the flattest heads first
       auto& [p, ds, delta] = buffers;
@@ -544,9 +546,9 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
         for (int64_t j0 = w.first(sh, i0); j0 < last; j0 += K_BLOCK) {
           const int64_t cols = std::min(K_BLOCK, last - j0);
           times_transposed<T>(rows, cols, d, T(1), Q.at(b, h, i0), Q.sn, K.at(b, kv, j0), K.sn, T(0), p.data(),
-                              K_BLOCK);
+                              ROW);
           for (int64_t r = 0; r < rows; ++r) {  // the weights, p = exp(s - m |p_i - p_j| - lse)
-            T* row = p.data() + r * K_BLOCK;
+            T* row = p.data() + r * ROW;
             int64_t lo, hi;
             w.columns(sh, i0 + r, j0, cols, lo, hi);
             const T first = static_cast<T>(j0 - (i0 + r + sh.offset));
@@ -556,13 +558,13 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
             std::fill(row + hi, row + cols, T(0));
           }
           // dv += p^T do; dp = do v^T
-          transposed_times<T>(cols, d, rows, T(1), p.data(), K_BLOCK, dO.at(b, h, i0), dO.sn, T(1),
+          transposed_times<T>(cols, d, rows, T(1), p.data(), ROW, dO.at(b, h, i0), dO.sn, T(1),
                               dV.at(b, h, j0), dV.sn);
           times_transposed<T>(rows, cols, d, T(1), dO.at(b, h, i0), dO.sn, V.at(b, kv, j0), V.sn, T(0), ds.data(),
-                              K_BLOCK);
+                              ROW);
           for (int64_t r = 0; r < rows; ++r) {
-            T* g = ds.data() + r * K_BLOCK;
-            const T* weight = p.data() + r * K_BLOCK;
+            T* g = ds.data() + r * ROW;
+            const T* weight = p.data() + r * ROW;
             const T dr = delta[r];
 #pragma omp simd
             for (int64_t c = 0; c < cols; ++c) g[c] = weight[c] * (g[c] - dr);
@@ -574,8 +576,8 @@ void backward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch
             slope_grad += row_grad;
           }
           // dq += scale ds k; dk += scale ds^T q
-          times<T>(rows, d, cols, scale, ds.data(), K_BLOCK, K.at(b, kv, j0), K.sn, T(1), dQ.at(b, h, i0), dQ.sn);
-          transposed_times<T>(cols, d, rows, scale, ds.data(), K_BLOCK, Q.at(b, h, i0), Q.sn, T(1),
+          times<T>(rows, d, cols, scale, ds.data(), ROW, K.at(b, kv, j0), K.sn, T(1), dQ.at(b, h, i0), dQ.sn);
+          transposed_times<T>(cols, d, rows, scale, ds.data(), ROW, Q.at(b, h, i0), Q.sn, T(1),
                               dK.at(b, h, j0), dK.sn);
         }
       }
