@@ -20,7 +20,7 @@
 #include <memory>
 #include <thread>
 #include <vector>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -180,6 +180,75 @@ inline float exponentiate(const float* row, at::BFloat16* w, int64_t lo, int64_t
   return exponentiate_vectors(row, w, lo, hi, max);
 }
 #endif
+#elif defined(__AVX2__) && defined(__FMA__)
+// float32 in 256-bit vectors, for CPUs without AVX-512 (an AMD EPYC of 2026-11-27): gcc's loops above ran the
+// forward at 1.6-2.0x plain SDPA's time there (symmetric; docs/performance.md, "Training, batches, and two
+// machines"). The same exp_weight, 8 at a time, bit for bit the scalar form; the columns past the last 8 scalar.
+inline __m256 exp_weight(__m256 x) {
+  using namespace cephes;
+  const __m256 lowest = _mm256_set1_ps(LOWEST);
+  const __m256 clamped = _mm256_max_ps(lowest, x);  // max_ps gives its second operand, x, where x is NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(LOG2E)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), clamped));
+  __m256 p = _mm256_set1_ps(POLY[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(POLY[i]));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, f), f, f), _mm256_set1_ps(1.0f));
+  // 2^n from the exponent bits: clamped >= LOWEST keeps n >= -126, a normal number
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, lowest, _CMP_LT_OQ), _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+  return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN kept
+}
+inline float largest_of(__m256 x) {
+  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 quarter = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_max_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
+}
+inline float sum_of(__m256 x) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
+}
+
+template <>
+float add_bias(float* row, int64_t lo, int64_t hi, float scale, float m, float first) {
+  const __m256 factor = _mm256_set1_ps(scale), slope = _mm256_set1_ps(m), step = _mm256_set1_ps(8.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 distance = _mm256_add_ps(_mm256_set1_ps(first + static_cast<float>(lo)), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 largest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t c = lo;
+  for (; c + 8 <= hi; c += 8) {
+    const __m256 score = _mm256_mul_ps(factor, _mm256_loadu_ps(row + c));
+    const __m256 x = _mm256_fnmadd_ps(slope, _mm256_andnot_ps(sign, distance), score);
+    _mm256_storeu_ps(row + c, x);
+    largest = _mm256_max_ps(x, largest);  // max_ps gives its second operand where x is NaN
+    distance = _mm256_add_ps(distance, step);
+  }
+  float most = largest_of(largest);
+  for (; c < hi; ++c) {
+    const float x = scale * row[c] - m * std::fabs(first + static_cast<float>(c));
+    row[c] = x;
+    most = x > most ? x : most;
+  }
+  return most;
+}
+inline float exponentiate(const float* row, float* w, int64_t lo, int64_t hi, float max) {
+  const __m256 shift = _mm256_set1_ps(max);
+  __m256 sums = _mm256_setzero_ps();
+  int64_t c = lo;
+  for (; c + 8 <= hi; c += 8) {
+    const __m256 e = exp_weight(_mm256_sub_ps(_mm256_loadu_ps(row + c), shift));
+    _mm256_storeu_ps(w + c, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  float sum = sum_of(sums);
+  for (; c < hi; ++c) {
+    const float e = exp_weight(row[c] - max);
+    w[c] = e;
+    sum += e;
+  }
+  return sum;
+}
 #endif
 
 constexpr int64_t Q_BLOCK = 128, K_BLOCK = 512;
