@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import traceback
 from pathlib import Path
 
 from nbclient.client import NotebookClient
@@ -49,6 +50,14 @@ class NotebookTimeout(Exception):
 
 class KernelExited(Exception):
     pass
+
+
+def _unreadable_message(err: ValueError) -> bool:
+    """Whether ``err`` is jupyter_client's refusal of a message from the kernel (its signature did not
+    match): a kernel stopping itself in the middle of its output sent such frames, and nbgrader would have
+    discarded the student's whole submission for it."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).match("jupyter_client/session.py")
 
 
 class SandboxedExecute(Execute):
@@ -176,6 +185,12 @@ class SandboxedExecute(Execute):
                     "were not run", index + 1)
         except CellTimeoutError:  # nbclient's wait for the output of an interrupted cell ran out
             return "timeout", f"cell {index}'s output went on past its interruption", index
+        except ValueError as err:
+            if not _unreadable_message(err):
+                raise
+            why = str(err).partition(":")[0]  # the rest is the signature, different each run
+            return ("crashed", f"the kernel sent a message in cell {index} that grading could not read ({why}): "
+                    "it was broken or stopping, and its output may be cut short", index)
         except (DeadKernelError, RuntimeError) as err:
             stopped_for = getattr(self._sandboxed, "stopped_for", None)  # nbclient has let go of self.km
             if stopped_for:  # the sandbox's bounds on what it writes
@@ -252,8 +267,8 @@ class SandboxedExecute(Execute):
         return super().clear_output(outs, msg, cell_index)
 
     def _watch_for_exit(self, cell, cell_index, execute_reply) -> None:
-        """A cell that called exit() says so in its reply; the kernel then stops 0.1 s later, which would
-        make the cell where grading notices it a race: grading stops right after this cell instead."""
+        """A cell that called exit() or quit() says so in its reply: grading stops right after this cell.
+        The kernel does not stop itself (the startup file in ``sandbox.py``), so the cell is read to its end."""
         payloads = (execute_reply or {}).get("content", {}).get("payload", [])
         if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payloads):
             self._exit_asked = True

@@ -309,6 +309,15 @@ def _set_up_for_grading():
     shell.events.register("pre_run_cell", eager)
     eager()
 
+    # exit() and quit() stopped the kernel 0.1 s after the cell's reply, while its output could still be on
+    # its way: the grader then read garbled messages, or saw the kernel dead before the output's end, a
+    # crash in that cell (which of the two, or neither, was a race). Here they only say so in the reply, as
+    # before; the grader reads the cell to its end, stops grading there and shuts the kernel down
+    def ask_exit():
+        shell.payload_manager.write_payload(dict(source="ask_exit", keepkernel=shell.keepkernel_on_exit))
+
+    shell.ask_exit = ask_exit
+
 
 _set_up_for_grading()
 del _set_up_for_grading

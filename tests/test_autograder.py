@@ -899,6 +899,36 @@ def test_output_that_outlasts_an_interrupted_cell_is_a_timeout_not_a_crash():
     assert [o.ename for o in nb.cells[1].outputs] == ["NotRun"]
 
 
+@needs_bwrap
+def test_exit_with_output_still_coming_ends_the_kernel_after_its_cell_every_time():
+    """exit() stopped the kernel 0.1 s after the cell's reply: where its output was still being read, grading
+    saw the kernel dead (a crash in that cell, its points lost) or garbled messages (the whole submission
+    lost), in 3 of 4 runs here, and a Dask worker graded a sample student differently from the local pool.
+    The cell is read to its end, then grading stops; the same outcome each time."""
+    cell = "x = 1\nexit()\nfor _ in range(30_000):\n    print('x' * 999)"
+    for _ in range(3):
+        nb, resources = _executed([cell, "y = 2"], timeout=60)
+        assert resources["autograder_outcome"]["reason"] == (
+            "the code in cell 0 ended the kernel (exit() or quit()); the cells after it were not run")
+        assert nb.cells[0].outputs[0].text.startswith("[grading left out 26.6 MiB"), "its output was cut short"
+        assert [o.output_type for o in nb.cells[0].outputs] == ["stream", "stream"], "the cell itself ran"
+        assert [o.ename for o in nb.cells[1].outputs] == ["GradingStopped"]
+    nb, resources = _executed(["exit(keep_kernel=True)", "y = 2\nprint(y)"])  # as in Jupyter: nothing ends
+    assert resources["autograder_outcome"]["status"] == "graded" and nb.cells[1].outputs[0].text == "2\n"
+
+
+@needs_bwrap
+def test_a_kernel_that_stops_itself_mid_output_is_a_crash_not_a_lost_submission():
+    """Stopping the kernel by hand still sends garbled frames as it goes (2 of 3 runs here): jupyter_client
+    refuses them, and nbgrader would have thrown the student's whole submission away."""
+    for _ in range(3):
+        nb, resources = _executed(["get_ipython().exit_now = True\nfor _ in range(30_000):\n    print('x' * 999)",
+                                   "y = 2", "z = 3"], timeout=60)
+        outcome = resources["autograder_outcome"]
+        assert outcome["status"] == "crashed", outcome
+        assert [o.ename for o in nb.cells[2].outputs] == ["NotRun"]
+
+
 @pytest.mark.parametrize("writes, limits, reason", [
     ("for n in range(1000):\n    with open(f'part{n}', 'wb') as f:\n        f.write(bytes(2**20))",
      {"disk_limit": 64 * 2**20}, "it wrote more than 64 MiB into its folder"),
