@@ -154,12 +154,13 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, 
     exists = torch.ones_like(k_pos, dtype=torch.bool) if key_padding_mask is None else key_padding_mask.to(device)
     q_least, q_greatest = _tile_bounds(q_pos, torch.ones_like(q_pos, dtype=torch.bool), block)  # (B | 1, q_blocks)
     k_least, k_greatest = _tile_bounds(k_pos, exists, block)  # (B | 1, k_blocks)
+    k_exists = _blocks(exists, block, False)  # (B | 1, k_blocks, block); the last block's padding is not a key
     nearest = (q_least[:, :, None] - k_greatest[:, None, :])[:, None]  # the tile's smallest rel, (B | 1, 1, qb, kb)
     farthest = (q_greatest[:, :, None] - k_least[:, None, :])[:, None]  # its largest
     # whole: a whole block of queries, and of keys that all exist; some: any key there exists
     whole_q = (torch.arange(0, q_len, block, device=device) + block <= q_len)[:, None]  # (q_blocks, 1)
-    whole = whole_q & _tile_all(exists, block)[:, None, None, :]  # (B | 1, 1, q_blocks, k_blocks)
-    some = _tile_any(exists, block)[:, None, None, :]
+    whole = whole_q & k_exists.all(-1)[:, None, None, :]  # (B | 1, 1, q_blocks, k_blocks)
+    some = k_exists.any(-1)[:, None, None, :]
     if not isinstance(lowest, int):  # one bound per head: (H, 1, 1) against the tiles' (q_blocks, k_blocks)
         lowest, highest = (torch.tensor(bound, device=device).view(-1, 1, 1) for bound in (lowest, highest))
     full = whole & (nearest >= lowest) & (farthest <= highest)
@@ -174,7 +175,7 @@ def _band_block_mask(q_len: int, k_len: int, device, lowest, highest, mask_mod, 
                                     mask_mod=mask_mod, seq_lengths=(q_len, k_len))
 
 
-# what a block without a position holds (int64): never compared as one, its tiles are empty (``_tile_any``)
+# what a block without a position holds (int64): never compared as one, its tiles hold no key that exists
 _NO_VALUE = 1 << 40
 
 
@@ -187,18 +188,10 @@ def _blocks(x, block: int, fill):
 
 def _tile_bounds(positions, exists, block: int):
     """Per block of ``block`` along the last dimension: the least and the greatest of the positions that exist,
-    each (..., blocks); a block with none holds +-_NO_VALUE (its tiles are empty by ``_tile_any``)."""
+    each (..., blocks); a block with none holds +-_NO_VALUE (its tiles are empty: no key there exists)."""
     least = _blocks(positions.masked_fill(~exists, _NO_VALUE), block, _NO_VALUE).amin(-1)
     greatest = _blocks(positions.masked_fill(~exists, -_NO_VALUE), block, -_NO_VALUE).amax(-1)
     return least, greatest
-
-
-def _tile_any(exists, block: int):
-    return _blocks(exists, block, False).any(-1)
-
-
-def _tile_all(exists, block: int):  # the last block's padding is not a key: a last block that is not whole
-    return _blocks(exists, block, False).all(-1)
 
 
 def _causal_block_mask(q_len: int, k_len: int, device):
@@ -247,16 +240,14 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
     # int, or a symbol where lengths vary): CPU's flex kernel cannot read a tensor made inside the graph
     # (InductorError: NoValidChoicesError), and the model's own compilation fuses the call
     offset = k_len - q_len if compiling else _offset(q_len, k_len, q.device)
-    if compiling:
-        visible = visibility(offset, causal, positions, key_padding_mask, window)
-        block_mask = None if visible is None else _block_mask(visible, q.shape[0] if per_row else None, q_len,
-                                                              k_len, q.device)
-    elif per_row:
-        visible = visibility(offset, causal, positions, key_padding_mask, window)
-        block_mask = None if visible is None else _rows_block_mask(q_len, k_len, q.device, causal, window,
-                                                                   positions, key_padding_mask, visible)
-    else:
+    if not (compiling or per_row):
         block_mask = _shape_block_mask(q_len, k_len, q.device, causal, window) if causal or window else None
+    elif (visible := visibility(offset, causal, positions, key_padding_mask, window)) is None:
+        block_mask = None
+    elif compiling:
+        block_mask = _block_mask(visible, q.shape[0] if per_row else None, q_len, k_len, q.device)
+    else:
+        block_mask = _rows_block_mask(q_len, k_len, q.device, causal, window, positions, key_padding_mask, visible)
     if compiling:
         from torch.nn.attention.flex_attention import flex_attention as attend
     else:
