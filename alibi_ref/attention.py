@@ -35,8 +35,9 @@ STRIDED_MIN_LEN = 128
 # on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too; below it, only
 # where a gradient is taken (docs/performance.md, "The fused CPU kernel")
 FUSED_CPU_MIN_KEYS = 64
-# in bfloat16 (forward only) the kernel packs k and v at every call, which short sequences pay for: from this many
-# keys it beats SDPA with the kept bias (at 128 the two trade places by case; at 64 the bias is faster)
+# in bfloat16 (forward only) the kernel packs k and v at every call (or, without bfloat16 products, copies q, k and v
+# to float32), which short sequences pay for: from this many keys it beats SDPA with the kept bias (at 128 the two
+# trade places by case; at 64 the bias is faster)
 FUSED_BF16_MIN_KEYS = 256
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
 # less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:

@@ -15,8 +15,8 @@ from alibi_ref.attention import FUSED_BF16_MIN_KEYS, FUSED_CPU_MIN_KEYS, check_s
 
 needs_kernel = pytest.mark.skipif(not fused_module.available(), reason="the fused kernel is not built here "
                                   "(test_the_kernel_is_built_wherever_a_compiler_is says whether it should be)")
-needs_bfloat16 = pytest.mark.skipif(not fused_module.takes_bfloat16(), reason="the kernel takes bfloat16 only where "
-                                    "oneDNN's brgemm runs (AVX512-BF16 or AMX), or it is not built here")
+as_float32 = pytest.mark.skipif(not fused_module.bfloat16_as_float32(), reason="bfloat16 runs as float32 only where "
+                                "the kernel is built and the CPU has no bfloat16 products")
 
 
 def test_the_kernel_is_built_wherever_a_compiler_is():
@@ -98,7 +98,7 @@ def test_float32_forward_is_as_close_to_float64_as_naive_float32_for_any_shape_a
     assert error < 2 * naive_error + 1e-6, (error, naive_error)
 
 
-@needs_bfloat16
+@needs_kernel
 @settings(max_examples=30, deadline=None)
 @given(heads=st.sampled_from([(1, 1), (4, 2), (3, 1)]), q_len=st.integers(1, 300), extra_keys=st.integers(0, 300),
        d=st.sampled_from([16, 32, 48, 80, 128]), causal=st.booleans(), left=st.integers(-1, 90),
@@ -106,8 +106,9 @@ def test_float32_forward_is_as_close_to_float64_as_naive_float32_for_any_shape_a
 def test_bfloat16_forward_is_as_close_to_float64_as_bfloat16_sdpa_for_any_shape_and_window(
         heads, q_len, extra_keys, d, causal, left, right, seed):
     """bfloat16 takes products of its own (oneDNN's brgemm on k and v packed in pairs, 64 columns at a time, so
-    head sizes of 16, 48 and 80 leave part of a chunk) and rounds its weights to bfloat16 as SDPA does: within
-    twice SDPA's distance from float64, with the bias materialised for SDPA."""
+    head sizes of 16, 48 and 80 leave part of a chunk) and rounds its weights to bfloat16 as SDPA does, or, on a
+    CPU without bfloat16 products, runs as float32: within twice SDPA's distance from float64, with the bias
+    materialised for SDPA."""
     torch.manual_seed(seed)
     k_len = q_len + extra_keys
     q = torch.randn(1, heads[0], q_len, d)
@@ -123,7 +124,7 @@ def test_bfloat16_forward_is_as_close_to_float64_as_bfloat16_sdpa_for_any_shape_
     assert error < 2 * sdpa_error + 2**-8, (error, sdpa_error)  # 2^-8: a bfloat16 unit at 1
 
 
-@needs_bfloat16
+@needs_kernel
 def test_bfloat16_takes_the_fused_forward_only_where_no_gradient_is_taken():
     """A gradient of k alone (q and v take none) still sends the call to a path with a backward."""
     torch.manual_seed(4)
@@ -134,6 +135,22 @@ def test_bfloat16_takes_the_fused_forward_only_where_no_gradient_is_taken():
     assert k.grad is not None and k.grad.abs().sum() > 0
     with torch.no_grad():
         assert alibi_attention(q, k, v, slopes).equal(alibi_attention(q, k, v, slopes, impl="fused"))
+
+
+@as_float32
+def test_bfloat16_without_its_products_is_the_float32_kernel_a_few_batch_rows_at_a_time(monkeypatch):
+    """On a CPU without bfloat16 products (AVX2) the float32 kernel runs on float32 copies, rounded back: any head
+    size (brgemm's packing needs multiples of 16), GQA, a window; the copies a few batch rows at a time
+    (FLOAT32_COPIES_BYTES), here one row each, with the same output as the whole batch in float32."""
+    torch.manual_seed(6)
+    q = torch.randn(3, 4, 300, 8).bfloat16()
+    k, v = (torch.randn(3, 2, 300, 8).bfloat16() for _ in range(2))
+    slopes = torch.tensor(get_slopes(4))
+    options = dict(causal=True, window=(200, 0), impl="fused")
+    whole = alibi_attention(q.float(), k.float(), v.float(), slopes, **options).bfloat16()
+    monkeypatch.setattr(fused_module, "FLOAT32_COPIES_BYTES", 4 * 300 * 8 * (2 * 4 + 2 * 2))  # one row's copies
+    rows = alibi_attention(q, k, v, slopes, **options)
+    assert rows.dtype == torch.bfloat16 and rows.equal(whole)
 
 
 @needs_kernel
@@ -204,7 +221,7 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     assert chosen(FUSED_CPU_MIN_KEYS) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) \
         == "fused"
     assert chosen(FUSED_CPU_MIN_KEYS - 1) != "fused" and chosen(FUSED_CPU_MIN_KEYS - 1, grad=True) == "fused"
-    assert (chosen(FUSED_BF16_MIN_KEYS, torch.bfloat16) == "fused") == fused_module.takes_bfloat16()
+    assert chosen(FUSED_BF16_MIN_KEYS, torch.bfloat16) == "fused"  # with its products, or as float32
     assert chosen(FUSED_BF16_MIN_KEYS - 1, torch.bfloat16) != "fused"
     assert chosen(1024, torch.bfloat16, grad=True) != "fused" and chosen(1024, torch.float16) != "fused"
     assert chosen(1024, dropout=True) != "fused"
@@ -220,8 +237,9 @@ def test_the_fused_path_says_why_it_cannot_take_a_call():
     q = torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
     with pytest.raises(ValueError, match="bfloat16 forward only, and this call takes a gradient"):
         alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused")
-    with pytest.raises(ValueError, match="a head size that is a multiple of 16, got 8"):
-        alibi_attention(*[q.detach()[..., :8]] * 3, torch.tensor([0.5, 0.25]), impl="fused")
+    if not fused_module.bfloat16_as_float32():  # brgemm's packing; float32 takes any head size
+        with pytest.raises(ValueError, match="a head size that is a multiple of 16, got 8"):
+            alibi_attention(*[q.detach()[..., :8]] * 3, torch.tensor([0.5, 0.25]), impl="fused")
     q = torch.zeros(1, 2, 8, 4)
     with pytest.raises(ValueError, match="no attention dropout"):
         alibi_attention(q, q, q, torch.tensor([0.5, 0.25]), impl="fused", dropout_p=0.1)
