@@ -205,7 +205,7 @@ def _through_float32(q, k, v, slopes, scale: float, causal: bool, groups: int, w
     (docs/performance.md, "AVX2 without AVX-512")."""
     q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, i, d), (B, H_kv, j, d)
     out = torch.empty_like(q4)
-    row_bytes = 4 * (2 * q4[0].numel() + k4[0].numel() + v4[0].numel())
+    row_bytes = 4 * (2 * q4[0].numel() + k4[0].numel() + v4[0].numel()) if len(q4) else 1
     rows = max(1, FLOAT32_COPIES_BYTES // row_bytes)
     for start in range(0, q4.shape[0], rows):
         part = slice(start, start + rows)

@@ -151,6 +151,7 @@ def test_bfloat16_without_its_products_is_the_float32_kernel_a_few_batch_rows_at
     monkeypatch.setattr(fused_module, "FLOAT32_COPIES_BYTES", 4 * 300 * 8 * (2 * 4 + 2 * 2))  # one row's copies
     rows = alibi_attention(q, k, v, slopes, **options)
     assert rows.dtype == torch.bfloat16 and rows.equal(whole)
+    assert alibi_attention(q[:0], k[:0], v[:0], slopes, **options).shape == (0, 4, 300, 8)  # no rows, no copies
 
 
 @needs_kernel
