@@ -207,10 +207,11 @@ def _through_float32(q, k, v, slopes, scale: float, causal: bool, groups: int, w
     out = torch.empty_like(q4)
     row_bytes = 4 * (2 * q4[0].numel() + k4[0].numel() + v4[0].numel()) if len(q4) else 1
     rows = max(1, FLOAT32_COPIES_BYTES // row_bytes)
+    slopes = slopes.float()  # once, not per chunk
     for start in range(0, q4.shape[0], rows):
         part = slice(start, start + rows)
-        out[part] = fused_alibi_attention(q4[part].float(), k4[part].float(), v4[part].float(), slopes.float(),
-                                          scale, causal, groups, window)
+        out[part] = fused_alibi_attention(q4[part].float(), k4[part].float(), v4[part].float(), slopes, scale,
+                                          causal, groups, window)
     return out.reshape(q.shape)
 
 
