@@ -35,9 +35,10 @@ STRIDED_MIN_LEN = 128
 # on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too; below it, only
 # where a gradient is taken (docs/performance.md, "The fused CPU kernel")
 FUSED_CPU_MIN_KEYS = 64
-# in bfloat16 (forward only) the kernel packs k and v at every call (or, without bfloat16 products, copies q, k and v
-# to float32), which short sequences pay for: from this many keys it beats SDPA with the kept bias (at 128 the two
-# trade places by case; at 64 the bias is faster)
+# in bfloat16 (forward only) with its products (brgemm) the kernel packs k and v at every call, which short
+# sequences pay for: from this many keys it beats SDPA with the kept bias (at 128 the two trade places by case; at
+# 64 the bias is faster). Without them (AVX2) it widens blocks to float32 as it reads them, and beat SDPA with the
+# bias at every size measured, decoding steps included (docs/performance.md, "AVX2 without AVX-512")
 FUSED_BF16_MIN_KEYS = 256
 # on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
 # less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
@@ -216,17 +217,19 @@ def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool, grad: bool |
     """Whether "auto" takes the fused CPU kernel: where it is built (``alibi_ref.fused``) and takes the call;
     from FUSED_CPU_MIN_KEYS keys, and below that where a gradient will be taken (forward+backward it ran faster
     than plain SDPA there, forward alone slower: docs/performance.md); bfloat16 without a gradient from
-    FUSED_BF16_MIN_KEYS; not for a few queries (a decoding step), where the bias's few rows cost less than the
-    kernel's blocks."""
+    FUSED_BF16_MIN_KEYS with its products, at any length without them; not for a few queries (a decoding step),
+    where the bias's few rows cost less than the kernel's blocks, but for bfloat16 without its products."""
     from . import fused
 
     v = q if v is None else v
     if grad is None:
         grad = grad_taken(q, v)
-    if dims.q_len <= FEW_QUERIES or fused.refusal(q, v, float(dropout), positional, grad=grad) is not None:
+    if fused.refusal(q, v, float(dropout), positional, grad=grad) is not None or not fused.available():
         return False
+    if q.dtype == fused.torch.bfloat16 and fused.bfloat16_as_float32():
+        return True
     min_keys = FUSED_BF16_MIN_KEYS if q.dtype == fused.torch.bfloat16 else FUSED_CPU_MIN_KEYS
-    return (dims.k_len >= min_keys or grad) and fused.available()
+    return dims.q_len > FEW_QUERIES and (dims.k_len >= min_keys or grad)
 
 
 def check_impl(impl: str, dropout: bool = False) -> None:

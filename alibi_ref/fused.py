@@ -19,8 +19,9 @@ bfloat16, forward only (a call that takes a gradient goes to the other paths), w
 (AVX512-BF16 or AMX; ``takes_bfloat16()`` in the kernel says): the products take bfloat16 into float32, as
 torch's own flash kernel does, the softmax runs in float32, and the weights are rounded to bfloat16 for the
 product with v, so the output rounds as bfloat16 SDPA's. brgemm reads k^T and v packed in pairs of rows
-(VNNI), which the kernel writes once per call. A CPU without them (AVX2) runs bfloat16 as float32 on float32
-copies (``_through_float32``). Other dtypes, dropout, padding and positions take the other paths.
+(VNNI), which the kernel writes once per call. A CPU without them (AVX2) runs bfloat16's products in float32,
+each block of q, k and v widened to float32 as it is read (``Widened`` in the C++; the weights stay float32, as
+bfloat16 SDPA's do there). Other dtypes, dropout, padding and positions take the other paths.
 
 Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (a compile of some
 seconds, once per machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU
@@ -161,15 +162,15 @@ def _bfloat16_refusal(q, grad: bool) -> str | None:
 
 
 def takes_bfloat16() -> bool:
-    """Whether the built kernel takes bfloat16 here (oneDNN's brgemm runs on this CPU); False where it is not
-    built."""
+    """Whether the built kernel runs bfloat16's products in bfloat16 here (oneDNN's brgemm runs on this CPU);
+    False where it is not built."""
     kernel = _loaded() if available() else None
     return kernel is not None and kernel.takes_bfloat16()
 
 
 def bfloat16_as_float32() -> bool:
-    """Whether bfloat16 runs here as float32: the kernel is built, and oneDNN's brgemm takes no bfloat16 on
-    this CPU (AVX2 without AVX512-BF16)."""
+    """Whether bfloat16's products run here in float32: the kernel is built, and oneDNN's brgemm takes no
+    bfloat16 on this CPU (AVX2 without AVX512-BF16)."""
     return available() and not takes_bfloat16()
 
 
@@ -178,8 +179,6 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     (..., H_kv, j, d), slopes (H,) in q's dtype. ``window`` (left, right) or None; each head's reach narrows
     it where that holds (``alibi_ref.reach``). Returns (..., H, i, d)."""
     kernel = _loaded() or build()
-    if q.dtype == torch.bfloat16 and not kernel.takes_bfloat16():
-        return _through_float32(q, k, v, slopes, scale, causal, groups, window)
     lead = q.shape[:-3]
     if q.ndim != 4:
         q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, n, d): a view where it can be
@@ -191,28 +190,6 @@ def fused_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: i
     else:  # no graph to record: the kernel alone (each torch call before it costs microseconds)
         out = kernel.forward(q, k, v, slopes, windows, float(scale), causal)[0]
     return out if len(lead) == 1 else out.reshape(*lead, *out.shape[-3:])
-
-
-# bfloat16 through float32: the batch rows whose float32 copies (q, k, v and the output) fit in this many bytes
-# at a time, so that a large batch's copies stay a bounded few times plain SDPA's memory
-FLOAT32_COPIES_BYTES = 16 << 20
-
-
-def _through_float32(q, k, v, slopes, scale: float, causal: bool, groups: int, window):
-    """bfloat16 where the CPU has no bfloat16 products (AVX2 without AVX512-BF16): the float32 kernel on float32
-    copies, a few batch rows at a time (FLOAT32_COPIES_BYTES), the output rounded to bfloat16 (bfloat16 SDPA
-    converts to float32 too). It ran 0.6-1.1x bfloat16 SDPA where the bias in bfloat16 took 1.2-1.4x
-    (docs/performance.md, "AVX2 without AVX-512")."""
-    q4, k4, v4 = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))  # (B, H, i, d), (B, H_kv, j, d)
-    out = torch.empty_like(q4)
-    row_bytes = 4 * (2 * q4[0].numel() + k4[0].numel() + v4[0].numel()) if len(q4) else 1
-    rows = max(1, FLOAT32_COPIES_BYTES // row_bytes)
-    slopes = slopes.float()  # once, not per chunk
-    for start in range(0, q4.shape[0], rows):
-        part = slice(start, start + rows)
-        out[part] = fused_alibi_attention(q4[part].float(), k4[part].float(), v4[part].float(), slopes, scale,
-                                          causal, groups, window)
-    return out.reshape(q.shape)
 
 
 def head_windows(q, k, slopes, scale: float, causal: bool, groups: int, window, kernel=None):

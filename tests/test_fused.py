@@ -138,20 +138,20 @@ def test_bfloat16_takes_the_fused_forward_only_where_no_gradient_is_taken():
 
 
 @as_float32
-def test_bfloat16_without_its_products_is_the_float32_kernel_a_few_batch_rows_at_a_time(monkeypatch):
-    """On a CPU without bfloat16 products (AVX2) the float32 kernel runs on float32 copies, rounded back: any head
-    size (brgemm's packing needs multiples of 16), GQA, a window; the copies a few batch rows at a time
-    (FLOAT32_COPIES_BYTES), here one row each, with the same output as the whole batch in float32."""
+def test_bfloat16_without_its_products_is_the_float32_kernel_on_widened_blocks():
+    """On a CPU without bfloat16 products (AVX2) the kernel widens each block of q, k and v to float32 as it reads
+    it: the output is float32's on the same numbers, rounded to bfloat16. Any head size (brgemm's packing needs
+    multiples of 16), GQA, a window, strided inputs, several blocks of queries (128) and keys (512)."""
     torch.manual_seed(6)
-    q = torch.randn(3, 4, 300, 8).bfloat16()
-    k, v = (torch.randn(3, 2, 300, 8).bfloat16() for _ in range(2))
+    q = torch.randn(2, 700, 4, 8).bfloat16().transpose(1, 2)  # (B, H, i, d), strided as ALiBiMultiheadAttention's
+    k, v = (torch.randn(2, 700, 2, 8).bfloat16().transpose(1, 2) for _ in range(2))
     slopes = torch.tensor(get_slopes(4))
-    options = dict(causal=True, window=(200, 0), impl="fused")
-    whole = alibi_attention(q.float(), k.float(), v.float(), slopes, **options).bfloat16()
-    monkeypatch.setattr(fused_module, "FLOAT32_COPIES_BYTES", 4 * 300 * 8 * (2 * 4 + 2 * 2))  # one row's copies
-    rows = alibi_attention(q, k, v, slopes, **options)
-    assert rows.dtype == torch.bfloat16 and rows.equal(whole)
-    assert alibi_attention(q[:0], k[:0], v[:0], slopes, **options).shape == (0, 4, 300, 8)  # no rows, no copies
+    for options in (dict(causal=True, window=(600, 0)), dict(causal=False)):
+        whole = alibi_attention(q.float(), k.float(), v.float(), slopes, impl="fused", **options).bfloat16()
+        widened = alibi_attention(q, k, v, slopes, impl="fused", **options)
+        assert widened.dtype == torch.bfloat16 and widened.equal(whole), options
+    empty = alibi_attention(q[:0], k[:0], v[:0], slopes, impl="fused")
+    assert empty.shape == (0, 4, 700, 8) and empty.dtype == torch.bfloat16
 
 
 @needs_kernel
@@ -210,8 +210,9 @@ def test_a_nan_in_a_query_stays_in_its_row():
 @needs_kernel
 def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     """float32 and float64 from FUSED_CPU_MIN_KEYS keys, and below it where a gradient is taken, with or without a
-    window; bfloat16 from FUSED_BF16_MIN_KEYS where no gradient is taken; not for float16, dropout, padding, a few
-    queries (a decoding step), or the weights."""
+    window; bfloat16 where no gradient is taken, from FUSED_BF16_MIN_KEYS with its products and at any length
+    without them (a decoding step too); not for float16, dropout, padding, a few queries (a decoding step), or
+    the weights."""
     def chosen(n, dtype=torch.float32, grad=False, q_len=None, **options):
         q = torch.zeros(1, 8, q_len or n, 16, dtype=dtype, requires_grad=grad)
         k = torch.zeros(1, 8, n, 16, dtype=dtype)
@@ -222,8 +223,10 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     assert chosen(FUSED_CPU_MIN_KEYS) == chosen(4096) == chosen(300, torch.float64) == chosen(1024, window=True) \
         == "fused"
     assert chosen(FUSED_CPU_MIN_KEYS - 1) != "fused" and chosen(FUSED_CPU_MIN_KEYS - 1, grad=True) == "fused"
-    assert chosen(FUSED_BF16_MIN_KEYS, torch.bfloat16) == "fused"  # with its products, or as float32
-    assert chosen(FUSED_BF16_MIN_KEYS - 1, torch.bfloat16) != "fused"
+    assert chosen(FUSED_BF16_MIN_KEYS, torch.bfloat16) == "fused"  # with its products, or widened to float32
+    short_bfloat16 = (chosen(FUSED_BF16_MIN_KEYS - 1, torch.bfloat16), chosen(8, torch.bfloat16),
+                      chosen(1024, torch.bfloat16, q_len=1))
+    assert short_bfloat16 == ("fused",) * 3 if fused_module.bfloat16_as_float32() else "fused" not in short_bfloat16
     assert chosen(1024, torch.bfloat16, grad=True) != "fused" and chosen(1024, torch.float16) != "fused"
     assert chosen(1024, dropout=True) != "fused"
     assert chosen(1024, positional=True) != "fused"

@@ -3,10 +3,10 @@
 // Flash attention (Dao et al., 2022) in blocks of queries i and keys j, per batch row b and head h:
 //   s_ij = scale q_i . k_j - m_h |p_i - p_j|,   p_i = i + (k_len - q_len), p_j = j
 //   o_i  = sum_j softmax_j(s_ij) v_j            (causal: over p_j <= p_i only)
-// The scores of a block come from one BLAS product (bfloat16: oneDNN's brgemm, see Packed); scale and bias
-// are applied in the pass that takes the row's maximum, so no bias is ever read from memory. The backward pass
-// (float32, float64) recomputes each block's weights from the forward's log-sum-exp and gives dq, dk, dv and
-// each head's slope gradient.
+// The scores of a block come from one BLAS product (bfloat16: oneDNN's brgemm, see Packed, or where that takes
+// none, float32's on blocks widened to it, see Widened); scale and bias are applied in the pass that takes the
+// row's maximum, so no bias is ever read from memory. The backward pass (float32, float64) recomputes each
+// block's weights from the forward's log-sum-exp and gives dq, dk, dv and each head's slope gradient.
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -320,17 +320,60 @@ template <typename T>
 struct Plain {
   static constexpr int64_t ALIGN = 1;  // a block of keys may start anywhere
   static constexpr int64_t Q_ROWS = Q_BLOCK;
+  using Weight = T;  // the weights' dtype in the product with v
+  struct Local {     // a thread's own buffers: none
+    explicit Local(int64_t) {}
+  };
   void ready(int64_t, int64_t) const {}
   Rows<T> K, V;
   int64_t d;
   Plain(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh) : K(k), V(v), d(sh.d) {}
   // s (rows, cols) = q k^T, keys [j0, j0 + cols)
-  void scores(int64_t rows, int64_t cols, const T* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0, T* s) const {
+  void scores(int64_t rows, int64_t cols, const T* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0, T* s,
+              Local&) const {
     times_transposed(rows, cols, d, T(1), q, ld_q, K.at(b, kv, j0), K.sn, T(0), s, ROW);
   }
   // acc (rows, d) += p v
-  void add_weighted(int64_t rows, int64_t cols, const T* p, int64_t b, int64_t kv, int64_t j0, T* acc) const {
+  void add_weighted(int64_t rows, int64_t cols, const T* p, int64_t b, int64_t kv, int64_t j0, T* acc,
+                    Local&) const {
     times(rows, d, cols, T(1), p, ROW, V.at(b, kv, j0), V.sn, T(1), acc, d);
+  }
+  static void release() {}
+};
+
+// bfloat16 where brgemm takes none (AVX2; the kernel's takes_bfloat16()): each block of q, k and v widened to
+// float32 in the thread's own buffers, then float32's products. Widening a block costs one pass over it per block
+// of queries, under 2% of the products' work; converting q, k and v whole before the call cost more than the
+// kernel itself at N = 64 (docs/performance.md, "AVX2 without AVX-512"), and took memory as large as them.
+// The weights stay float32 for the product with v, as bfloat16 SDPA's do on such a CPU.
+struct Widened {
+  using BF = at::BFloat16;
+  static constexpr int64_t ALIGN = 1;
+  static constexpr int64_t Q_ROWS = Q_BLOCK;
+  using Weight = float;
+  struct Local {  // a block of queries, and one of keys or values, in float32
+    Scratch<float> q, kv;
+    explicit Local(int64_t d) : q(Q_BLOCK * d), kv(K_BLOCK * d) {}
+  };
+  void ready(int64_t, int64_t) const {}
+  Rows<BF> K, V;
+  int64_t d;
+  Widened(const torch::Tensor& k, const torch::Tensor& v, const Shape& sh) : K(k), V(v), d(sh.d) {}
+  // n rows of d numbers, ld apart, into to (n, d)
+  void widen(const BF* from, int64_t ld, int64_t n, float* to) const {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < d; ++c) to[r * d + c] = static_cast<float>(from[r * ld + c]);
+  }
+  void scores(int64_t rows, int64_t cols, const BF* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0, float* s,
+              Local& local) const {
+    widen(q, ld_q, rows, local.q.data());
+    widen(K.at(b, kv, j0), K.sn, cols, local.kv.data());
+    times_transposed(rows, cols, d, 1.0f, local.q.data(), d, local.kv.data(), d, 0.0f, s, ROW);
+  }
+  void add_weighted(int64_t rows, int64_t cols, const float* p, int64_t b, int64_t kv, int64_t j0, float* acc,
+                    Local& local) const {
+    widen(V.at(b, kv, j0), V.sn, cols, local.kv.data());
+    times(rows, d, cols, 1.0f, p, ROW, local.kv.data(), d, 1.0f, acc, d);
   }
   static void release() {}
 };
@@ -369,6 +412,10 @@ struct Packed {
   using BF = at::BFloat16;
   static constexpr int64_t ALIGN = VNNI_N;  // blocks of keys start at a packed chunk of 64
   static constexpr int64_t Q_ROWS = BF16_Q_ROWS;
+  using Weight = BF;  // rounded to bfloat16, as torch's flash kernel does
+  struct Local {
+    explicit Local(int64_t) {}
+  };
   const Rows<BF> K, V;
   int64_t d, k_len, kv_heads, padded;  // padded: k_len rounded up to 64
   torch::Tensor k_packed, v_packed;
@@ -489,13 +536,14 @@ struct Packed {
   // s (rows, cols) = q k^T, keys [j0, j0 + cols), j0 a multiple of 64; columns up to the next 64 are computed
   // (from zero keys) and not read
   void scores(int64_t rows, int64_t cols, const BF* q, int64_t ld_q, int64_t b, int64_t kv, int64_t j0,
-              float* s) const {
+              float* s, Local&) const {
     const BF* k_head = kp + offset(b, kv);
     const int64_t n = (cols + VNNI_N - 1) / VNNI_N * VNNI_N;
     cpublas::brgemm(rows, n, d, ld_q, padded, ROW, false, q, k_head + 2 * j0, s);
   }
   // acc (rows, d) += p v; p's columns from cols up to an even count must be 0
-  void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc) const {
+  void add_weighted(int64_t rows, int64_t cols, const BF* p, int64_t b, int64_t kv, int64_t j0, float* acc,
+                    Local&) const {
     const BF* v_head = vp + offset(b, kv);
     const int64_t even = cols + cols % 2;
     for (int64_t c0 = 0; c0 < d; c0 += VNNI_N) {
@@ -506,30 +554,33 @@ struct Packed {
   static void release() { cpublas::brgemm_release(); }
 };
 
-// Products: Plain or Packed. T: q's dtype; A: the dtype of the scores and the softmax, float for bfloat16 (whose
-// weights are rounded back to it for the product with v, as torch's flash kernel does), else T.
+// Products: Plain, Packed or Widened. T: q's dtype; A: the dtype of the scores and the softmax, float for bfloat16,
+// else T; W (Products::Weight): the weights' dtype in the product with v (Packed rounds them to bfloat16).
 template <typename T, typename Products>
 void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const at::opmath_type<T>* slopes, const Seen* seen, at::opmath_type<T> scale, const Shape& sh,
                     torch::Tensor& out, torch::Tensor& lse) {
   using A = at::opmath_type<T>;
   constexpr int64_t Q_ROWS = Products::Q_ROWS;
-  constexpr bool rounded = !std::is_same_v<T, A>;
+  using W = typename Products::Weight;
+  constexpr bool rounded = !std::is_same_v<W, A>;
   const Products products(k, v, sh);
   const Rows<T> Q(q), O(out);
   A* lse_data = lse.data_ptr<A>();  // (B, H, i), contiguous
   const int64_t d = sh.d, q_blocks = (sh.q_len + Q_ROWS - 1) / Q_ROWS;
   struct Buffers {
     Scratch<A> s, acc, row_max, row_sum;
-    Scratch<T> weights;  // 16-bit inputs only: the weights rounded to T
+    Scratch<W> weights;  // rounded weights only
+    typename Products::Local local;
   };
   auto make = [&] { return Buffers{Scratch<A>(Q_ROWS * ROW), Scratch<A>(Q_ROWS * d), Scratch<A>(Q_ROWS),
-                                   Scratch<A>(Q_ROWS), Scratch<T>(rounded ? Q_ROWS * ROW : 0)}; };
+                                   Scratch<A>(Q_ROWS), Scratch<W>(rounded ? Q_ROWS * ROW : 0),
+                                   typename Products::Local(d)}; };
   // the costliest first, so that the last tasks are short: the last query blocks (most keys under a causal
   // mask), then the last heads (the flattest slopes, whose reach is longest)
   each_task(sh.batch * sh.heads * q_blocks, make, [&](int64_t task, Buffers& buffers) {
-      auto& [s, acc, row_max, row_sum, rounded_weights] = buffers;
-      T* weights = rounded ? rounded_weights.data() : reinterpret_cast<T*>(s.data());  // T is A where not rounded
+      auto& [s, acc, row_max, row_sum, rounded_weights, local] = buffers;
+      W* weights = rounded ? rounded_weights.data() : reinterpret_cast<W*>(s.data());  // W is A where not rounded
       const int64_t i0 = (q_blocks - 1 - task / (sh.batch * sh.heads)) * Q_ROWS;
       const int64_t h = sh.heads - 1 - task % sh.heads, b = task / sh.heads % sh.batch;
       const int64_t rows = std::min(Q_ROWS, sh.q_len - i0), kv = h / sh.groups;
@@ -542,17 +593,17 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
       const int64_t last = w.last(sh, i0, rows);
       for (int64_t j0 = w.first(sh, i0) / Products::ALIGN * Products::ALIGN; j0 < last; j0 += K_BLOCK) {
         const int64_t cols = std::min(K_BLOCK, last - j0);
-        products.scores(rows, cols, Q.at(b, h, i0), Q.sn, b, kv, j0, s.data());  // (rows, cols) = q k^T
+        products.scores(rows, cols, Q.at(b, h, i0), Q.sn, b, kv, j0, s.data(), local);  // (rows, cols) = q k^T
         for (int64_t r = 0; r < rows; ++r) {
           A* row = s.data() + r * ROW;
-          T* weight = weights + r * ROW;
+          W* weight = weights + r * ROW;
           int64_t lo, hi;
           w.columns(sh, i0 + r, j0, cols, lo, hi);
           const A first = static_cast<A>(j0 - (i0 + r + sh.offset));  // p_j - p_i at the block's first key
           const A new_max = std::max(row_max[r], add_bias(row, lo, hi, scale, m, first));
           const A block_sum = exponentiate(row, weight, lo, hi, new_max);
-          std::fill(weight, weight + lo, T(0));  // keys the query does not see, and one past an odd count
-          std::fill(weight + hi, weight + cols + cols % 2, T(0));
+          std::fill(weight, weight + lo, W(0));  // keys the query does not see, and one past an odd count
+          std::fill(weight + hi, weight + cols + cols % 2, W(0));
           if (lo >= hi) continue;
           // online softmax: the sum and output so far were weighed against the old maximum
           const A rescale = exp_weight(row_max[r] - new_max);
@@ -563,7 +614,7 @@ void forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch:
             for (int64_t c = 0; c < d; ++c) a[c] *= rescale;
           }
         }
-        products.add_weighted(rows, cols, weights, b, kv, j0, acc.data());  // += p v
+        products.add_weighted(rows, cols, weights, b, kv, j0, acc.data(), local);  // += p v
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = O.at(b, h, i0 + r);
@@ -724,8 +775,12 @@ std::vector<torch::Tensor> forward(torch::Tensor q, torch::Tensor k, torch::Tens
   const auto accumulate = at::toOpMathType(q.scalar_type());  // float for bfloat16
   auto lse = torch::empty({sh.batch, sh.heads, sh.q_len}, q.options().dtype(accumulate));
   auto m = slopes.to(accumulate).contiguous();
+  if (q.scalar_type() == at::kBFloat16 && !takes_bfloat16()) {  // no brgemm for it: float32's products
+    forward_kernel<at::BFloat16, Widened>(q, k, v, m.data_ptr<float>(), seen.data(), static_cast<float>(scale), sh,
+                                          out, lse);
+    return {out, lse};
+  }
   if (q.scalar_type() == at::kBFloat16) {
-    TORCH_CHECK(takes_bfloat16(), "bfloat16 needs oneDNN's brgemm with VNNI packing, which this CPU or torch lacks");
     TORCH_CHECK(sh.d % 16 == 0, "bfloat16 needs a head size that is a multiple of 16, got ", sh.d);
     forward_kernel<at::BFloat16, Packed>(q, k, v, m.data_ptr<float>(), seen.data(), static_cast<float>(scale), sh,
                                          out, lse);
@@ -770,5 +825,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("forward", &forward, "ALiBi attention: (out, log-sum-exp)");
   module.def("backward", &backward, "gradients of q, k, v and the slopes");
   module.def("longest_rows", &longest_rows, "each head's longest row of x (B, H, n, d)");
-  module.def("takes_bfloat16", &takes_bfloat16, "whether bfloat16 inputs can be taken (forward only)");
+  module.def("takes_bfloat16", &takes_bfloat16, "whether bfloat16's products run in bfloat16 (brgemm); else in float32");
 }
