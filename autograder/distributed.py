@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
 import tarfile
 import tempfile
@@ -89,12 +88,10 @@ def _copy_due_dates(s, ws) -> None:
 def _worker_settings(s, work: Path):
     course = replace(s.course, config_file=work / CONFIG_FILE if s.course.config_file is not None else None,
                      source=work / "course" / "source")
-    # JAX's compilation cache is the worker machine's own (XLA compiles for its CPU), filled once per machine,
-    # in the worker's user's cache folder (not /tmp, where another user could plant one)
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    machine_cache = cache_home / "alibi-autograder" / "compile-cache" / s.course.course_id
+    # JAX's compilation cache is the worker machine's own (XLA compiles for its CPU): its default, filled once per
+    # machine (grade.machine_compile_cache)
     return replace(s, output=work, db_url=f"sqlite:///{work / WORK_DB}", course=course, workers=1,
-                   compile_cache=machine_cache)
+                   compile_cache=None)
 
 
 def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: dict[str, bytes],

@@ -49,7 +49,7 @@ class Settings:
     memory_bytes: int
     sandbox: bool
     course: Course
-    compile_cache: Path | None = None  # where JAX's compilation caches are kept (default: in the output's state)
+    compile_cache: Path | None = None  # where JAX's compilation caches are kept (default: machine_compile_cache)
 
 
 def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
@@ -238,7 +238,16 @@ def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> 
 
 
 def compile_cache_dir(s: Settings) -> Path:
-    return s.compile_cache or s.output / "state" / "compile-cache"
+    return s.compile_cache or machine_compile_cache(s.course.course_id)
+
+
+def machine_compile_cache(course_id: str) -> Path:
+    """This machine's JAX compilation caches for a course, shared by every grading folder on it (a section, a
+    regrade in a new folder, a Dask worker): each assignment's is filled once while its source and jaxlib stay as
+    they are, and XLA compiles for the machine's CPU. In the user's cache folder, not /tmp, where another user
+    could plant one."""
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "alibi-autograder" / "compile-cache" / course_id
 
 
 def _prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> None:
