@@ -325,8 +325,9 @@ def _known_plan(key) -> Plan | None:
 def _keeping(chosen: str, impl: str, q):
     """Whether a torch call's plan may be kept, and what it then holds only while (None: for good). Asked by
     name, a path is kept for good. "auto" on the CPU also asks whether the call's bias is kept (``bias_is_kept``),
-    which changes from call to call, so its plan is not kept, unless the fused kernel took the call: then it
-    holds while the kernel is available, which ALIBI_REF_FUSED can change at any time."""
+    which follows whether the slopes alone take a gradient, which the key does not tell apart from q's; so its
+    plan is not kept, unless the fused kernel took the call: then it holds while the kernel is available, which
+    ALIBI_REF_FUSED can change at any time."""
     if impl != "auto":
         return True, None
     if chosen == "fused":
