@@ -215,8 +215,8 @@ def test_a_nan_in_a_query_stays_in_its_row():
 def test_auto_takes_the_fused_kernel_on_the_cpu_where_it_fits():
     """float32 and float64 from FUSED_CPU_MIN_KEYS keys, and below it where a gradient is taken, with or without a
     window; bfloat16 where no gradient is taken, from FUSED_BF16_MIN_KEYS with its products and at any length
-    without them (a decoding step too); not for float16, dropout, padding, a few queries (a decoding step), or
-    the weights."""
+    without them (a decoding step too); not for float16, dropout, padding, a few queries (a decoding step;
+    bfloat16 without its products aside), or the weights."""
     def chosen(n, dtype=torch.float32, grad=False, q_len=None, **options):
         q = torch.zeros(1, 8, q_len or n, 16, dtype=dtype, requires_grad=grad)
         k = torch.zeros(1, 8, n, 16, dtype=dtype)

@@ -270,6 +270,11 @@ struct Scratch {
   T& operator[](int64_t i) const { return memory[i]; }
 };
 
+// The thread's own buffers of products that need none (Products::Local, made from the head size d)
+struct NoBuffers {
+  explicit NoBuffers(int64_t) {}
+};
+
 // Runs work(task, buffers) for task = 0 .. n_tasks - 1 on torch's threads, each thread taking the next task
 // when it is done with one: tasks differ in cost (a causal block's keys grow with its queries, a head's window
 // or reach narrows it), and a static split gave one thread the costly half. Each thread makes its buffers once.
@@ -321,9 +326,7 @@ struct Plain {
   static constexpr int64_t ALIGN = 1;  // a block of keys may start anywhere
   static constexpr int64_t Q_ROWS = Q_BLOCK;
   using Weight = T;  // the weights' dtype in the product with v
-  struct Local {     // a thread's own buffers: none
-    explicit Local(int64_t) {}
-  };
+  using Local = NoBuffers;
   void ready(int64_t, int64_t) const {}
   Rows<T> K, V;
   int64_t d;
@@ -413,9 +416,7 @@ struct Packed {
   static constexpr int64_t ALIGN = VNNI_N;  // blocks of keys start at a packed chunk of 64
   static constexpr int64_t Q_ROWS = BF16_Q_ROWS;
   using Weight = BF;  // rounded to bfloat16, as torch's flash kernel does
-  struct Local {
-    explicit Local(int64_t) {}
-  };
+  using Local = NoBuffers;
   const Rows<BF> K, V;
   int64_t d, k_len, kv_heads, padded;  // padded: k_len rounded up to 64
   torch::Tensor k_packed, v_packed;
