@@ -1,7 +1,8 @@
-"""The kernel zygote, run inside a student's sandbox as ``python -c <this file> SOCKET [MODULE ...]``.
+"""The kernel zygote, run inside a student's sandbox as ``python -c <this file> [MODULE ...]``.
 
 It imports the kernel (ipykernel, IPython) and the heavy modules the course's notebooks use once,
-then serves requests on a unix socket, one JSON line each way:
+says ``{"ready": true}``, then serves the grader's requests on its standard input and output, one
+JSON line each way (no socket: nothing in the sandbox but the grader can ask it anything):
 
     {"op": "spawn", "connection_file": F, "cwd": D, "log": L, "env": {...}} -> {"pid": P}
     {"op": "poll", "pid": P}                                              -> {"exit": None | code}
@@ -9,19 +10,34 @@ then serves requests on a unix socket, one JSON line each way:
 
 A spawned kernel is a fork: a fresh process whose memory starts as the zygote's right after the
 imports, as if it had imported them itself, in its own session (so a signal to it and its process
-group never reaches the zygote). Forking is safe here because the zygote has one thread (the
-sandbox sets OMP_NUM_THREADS=1, and none of the preloaded modules starts a thread on import).
+group never reaches the zygote), holding neither end of the grader's pipes. Forking is safe here
+because the zygote has one thread (the sandbox sets OMP_NUM_THREADS=1, and none of the preloaded
+modules starts a thread on import).
 This file imports nothing of the autograder: the sandbox does not show it the grader's code.
 """
 
+import ctypes
 import importlib
 import json
 import os
-import socket
 import sys
 
+PR_SET_DUMPABLE = 4
+# what a request may set in a kernel's environment: its own folders, and the grading mode
+KERNEL_ENV = {"HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", "ALIBI_COURSE_GRADING"}
 
-def _serve(path: str, preload: list[str]) -> None:
+
+def _dumpable(flag: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, flag, 0, 0, 0)
+
+
+def _serve(preload: list[str]) -> None:
+    # the grader's pipes, kept away from what the imports and the kernels print: fds 0 and 1 become /dev/null and
+    # the log, and every fork closes these two
+    requests, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    _dumpable(0)  # a kernel (the same user) can neither trace the zygote nor open its descriptors under /proc
     import ipykernel.kernelapp  # noqa: F401  (the kernel itself: what every notebook needs)
 
     for name in preload:
@@ -30,32 +46,29 @@ def _serve(path: str, preload: list[str]) -> None:
         except Exception as err:  # a module the course lacks: its notebooks import it themselves, or fail there
             print(f"zygote: could not preload {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
     exits: dict[int, int] = {}
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path + ".tmp")
-    server.listen(8)
-    os.rename(path + ".tmp", path)  # the socket appears under its name only once the imports are done
-    while True:
-        conn, _ = server.accept()
-        with conn:
-            request = json.loads(conn.makefile("r").readline())
-            if request["op"] == "spawn":
-                pid = os.fork()
-                if pid == 0:
-                    server.close()
-                    conn.close()
-                    _become_kernel(request)
-                reply = {"pid": pid}
-            elif request["op"] == "poll":
-                reply = {"exit": _poll(request["pid"], exits)}
-            elif request["op"] == "signal":
-                try:
-                    os.killpg(request["pid"], request["signal"])
-                except ProcessLookupError:
-                    pass
-                reply = {"ok": True}
-            else:
-                reply = {"error": f"unknown op {request['op']!r}"}
-            conn.sendall((json.dumps(reply) + "\n").encode())
+    replies.write(json.dumps({"ready": True}) + "\n")
+    replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        if request["op"] == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                requests.close()
+                replies.close()
+                _become_kernel(request)
+            reply = {"pid": pid}
+        elif request["op"] == "poll":
+            reply = {"exit": _poll(request["pid"], exits)}
+        elif request["op"] == "signal":
+            try:
+                os.killpg(request["pid"], request["signal"])
+            except ProcessLookupError:
+                pass
+            reply = {"ok": True}
+        else:
+            reply = {"error": f"unknown op {request['op']!r}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
 
 
 def _poll(pid: int, exits: dict[int, int]):
@@ -74,9 +87,10 @@ def _poll(pid: int, exits: dict[int, int]):
 def _become_kernel(request: dict) -> None:
     try:
         os.setsid()
+        _dumpable(1)  # the kernel's own /proc entries are its own again (the zygote's stay closed)
         os.chdir(request["cwd"])
         env = request.pop("env", {})
-        os.environ.update(env)
+        os.environ.update({name: value for name, value in env.items() if name in KERNEL_ENV})
         env.clear()  # the grader's secret among them: the checks' hook takes it out of os.environ, and no frame
         # down the kernel's stack (this one) keeps a copy
         # as a kernel started on its own: its chatter on stdout dropped, stderr kept for when it dies
@@ -94,4 +108,4 @@ def _become_kernel(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2:])
+    _serve(sys.argv[1:])

@@ -32,7 +32,9 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import os
 import re
+import stat
 import sys
 import warnings
 import zipfile
@@ -41,11 +43,14 @@ from pathlib import Path
 
 import nbformat
 
+from .files import UnsafeFile, read_regular, regular_files
 from .screen import MODULES, imported_modules, is_module_name, is_script_name, package_of, run_scripts
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
-MAX_READ_BYTES = 256 * 2**20  # what is read at all
+MAX_READ_BYTES = 256 * 2**20  # what is read at all, of one notebook and of all a student's notebooks together
+MAX_JSON_DEPTH = 64  # a notebook nests about 8 levels; nbgrader and the grader's parsers recurse
+MAX_ENTRIES = 10_000  # files and folders in a student's folder or zip, looked at before anything is read
 # what nbgrader's exchange puts beside the notebooks: when it was handed in (late penalties) and the
 # secret that names the student's feedback in the exchange
 EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
@@ -88,15 +93,18 @@ def _in_assignment(parts: tuple[str, ...], assignment: str, own_folder_only: boo
 def _files_of_folder(folder: Path, assignment: str,
                      own_folder_only: bool) -> tuple[dict[str, bytes | int], dict[str, bytes | str]]:
     """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
-    paths = [p for p in sorted(folder.rglob("*.ipynb")) if p.is_file()]  # checkpoints too: see _renamed
+    files = sorted(regular_files(folder, MAX_ENTRIES))  # never through a link: see files.py
+    paths = [p for p in files if p.suffix == ".ipynb"]  # checkpoints too: see _renamed
     parts = [p.relative_to(folder).parts for p in paths]
     any_in_folder = any(assignment in q[:-1] for q in parts)
-    found, taken = {}, []
+    chosen, taken = {}, []
     for path, q in zip(paths, parts, strict=True):
         if _in_assignment(q, assignment, own_folder_only, any_in_folder):
             taken.append(q)
-            size = path.stat().st_size
-            found.setdefault(path.stem, size if size > MAX_READ_BYTES else path.read_bytes())
+            chosen.setdefault(path.stem, (path, os.lstat(path).st_size))
+    _within_budget(size for _, size in chosen.values())
+    found = {stem: size if size > MAX_READ_BYTES else read_regular(path, MAX_READ_BYTES)
+             for stem, (path, size) in chosen.items()}
     # only the folders that hold a notebook taken: the tree was walked once already, for the notebooks
     modules = {}
     for where in sorted({folder.joinpath(*_ran_in(q)) for q in taken}):
@@ -109,11 +117,28 @@ def _python_files(where: Path, root: Path) -> dict[tuple[str, ...], tuple]:
     beside it and those of its packages, the folders named as modules (of a folder without __init__.py, which
     grading does not hand over, only the first file found: enough for the note that says so, without walking
     what may be a whole virtual environment)."""
-    files = [p for p in sorted(where.glob("*.py")) if p.is_file()]
-    for package in sorted(p for p in where.iterdir() if p.is_dir() and is_module_name(p.name)):
-        below = (p for p in sorted(package.rglob("*.py")) if p.is_file())
-        files += below if (package / "__init__.py").is_file() else itertools.islice(below, 1)
-    return {p.relative_to(root).parts: (p.stat().st_size, p.read_bytes) for p in files}
+    files = [p for p in sorted(where.glob("*.py")) if _is_regular(p)]
+    for package in sorted(p for p in where.iterdir() if _is_regular(p, stat.S_ISDIR) and is_module_name(p.name)):
+        below = (p for p in sorted(regular_files(package, MAX_ENTRIES)) if p.suffix == ".py")
+        files += below if _is_regular(package / "__init__.py") else itertools.islice(below, 1)
+    return {p.relative_to(root).parts: (os.lstat(p).st_size, functools.partial(read_regular, p, MAX_MODULE_BYTES))
+            for p in files}
+
+
+def _is_regular(path: Path, kind=stat.S_ISREG) -> bool:
+    """Whether ``path`` is a regular file (or, with ``kind``, folder) itself, not a link to one."""
+    try:
+        return kind(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _within_budget(sizes) -> None:
+    """Refuse a submission whose notebooks hold more than MAX_READ_BYTES together, before any is read."""
+    total = sum(sizes)
+    if total > MAX_READ_BYTES:
+        raise UnsafeFile(f"its notebooks hold {total / 2**20:,.0f} MiB together, more than grading reads "
+                         f"({MAX_READ_BYTES // 2**20} MiB)")
 
 
 def modules_for_validate(notebook: bytes, folder: Path) -> tuple[dict[str, str], str]:
@@ -213,8 +238,8 @@ def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
     found = {}
     for name in EXCHANGE_FILES:
         for path in sorted(folder.rglob(name)):
-            if assignment and path.parent.name == assignment and path.stat().st_size < 4096:
-                found.setdefault(name, path.read_bytes())
+            if assignment and path.parent.name == assignment and _is_regular(path) and path.stat().st_size < 4096:
+                found.setdefault(name, read_regular(path, 4096))
     return found
 
 
@@ -223,18 +248,23 @@ def _files_of_zip(path: Path, assignment: str,
     """(the assignment's notebooks by name, the Python modules beside them: ``_modules_beside``)."""
     found, taken = {}, []
     with zipfile.ZipFile(path) as archive:
+        if len(archive.infolist()) > MAX_ENTRIES:
+            raise UnsafeFile(f"it holds {len(archive.infolist()):,} entries, more than {MAX_ENTRIES:,}")
         files = [i for i in archive.infolist() if not i.is_dir() and "__MACOSX" not in Path(i.filename).parts]
+        locked = [i.filename for i in files if i.flag_bits & 0x1]
+        if locked:
+            raise UnsafeFile(f"{locked[0]} in it is encrypted: hand the zip in without a password")
         infos = [i for i in files if Path(i.filename).suffix == ".ipynb"]
         any_in_folder = any(assignment in Path(i.filename).parts[:-1] for i in infos)
+        chosen = {}
         for info in infos:
             name = Path(info.filename)
-            if not _in_assignment(name.parts, assignment, own_folder_only, any_in_folder):
-                continue
-            taken.append(name.parts)
-            if info.file_size > MAX_READ_BYTES:
-                found.setdefault(name.stem, info.file_size)
-                continue
-            found.setdefault(name.stem, archive.read(info))
+            if _in_assignment(name.parts, assignment, own_folder_only, any_in_folder):
+                taken.append(name.parts)
+                chosen.setdefault(name.stem, info)
+        _within_budget(info.file_size for info in chosen.values())
+        for stem, info in chosen.items():
+            found[stem] = info.file_size if info.file_size > MAX_READ_BYTES else archive.read(info)
         modules = {Path(i.filename).parts: (i.file_size, functools.partial(archive.read, i))
                    for i in files if Path(i.filename).suffix == ".py"}
         return found, _modules_beside(taken, modules)
@@ -268,7 +298,7 @@ def _grade_ids_in(raw: bytes) -> set[str]:
         cells = json.loads(_decoded(raw)[0]).get("cells", [])
         return {str(c["metadata"]["nbgrader"]["grade_id"]) for c in cells
                 if isinstance(c, dict) and "grade_id" in c.get("metadata", {}).get("nbgrader", {})}
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return set()
 
 
@@ -485,10 +515,21 @@ def _without_outputs(raw: bytes) -> tuple[bytes, str]:
             if "outputs" in cell:
                 cell["outputs"], cell["execution_count"] = [], None
         nb.get("metadata", {}).pop("widgets", None)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return raw, ""  # not a notebook: the checks below say why
     smaller = json.dumps(nb, ensure_ascii=False).encode()
     return smaller, f"cleared its outputs first ({len(raw) / 2**20:.0f} MiB in all; grading runs every cell again)"
+
+
+def _depth(node) -> int:
+    """How deeply lists and objects nest in parsed JSON, counted without recursion."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        node, level = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        deepest = max(deepest, level)
+        todo += [(child, level + 1) for child in children if isinstance(child, (dict, list))]
+    return deepest
 
 
 def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
@@ -510,8 +551,12 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
         nbformat.validate(nb)
     except json.JSONDecodeError as err:
         return None, f"not a notebook: the file is not valid JSON ({err})"
+    except RecursionError:
+        return None, f"not a notebook: its JSON is nested deeper than grading reads ({MAX_JSON_DEPTH} levels)"
     except Exception as err:  # nbformat's ValidationError and friends
         return None, f"not a valid notebook: {str(err).splitlines()[0]}"
+    if _depth(nb) > MAX_JSON_DEPTH:
+        return None, f"not a notebook: its JSON is nested deeper than grading reads ({MAX_JSON_DEPTH} levels)"
     grade_ids = {_grade_id(c) for c in release.cells} - {None}
     foreign, copies, seen = [], [], set()
     for cell in nb.cells:
@@ -592,48 +637,64 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
     for student, entry, others in _entries(folder):
         submission = Submission(student, assignment)
         class_.append(submission)
-        if not STUDENT_ID.match(student):
-            for name in notebooks:
-                submission.problems[name] = ("invalid", f"{entry.name!r} is not a usable student id")
-            continue
         try:
-            if entry.suffix == ".zip":
-                files, modules = _files_of_zip(entry, assignment, own_folder_only)
-            elif entry.is_dir():
-                files, modules = _files_of_folder(entry, assignment, own_folder_only)
-                submission.files = _exchange_files(entry, assignment)
-            else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
-                files, modules = {entry.stem: entry.read_bytes()}, {}
-            submission.files.update({f"{MODULES}/{name}.py": source for name, source in modules.items()
-                                     if isinstance(source, bytes)})
-        except (zipfile.BadZipFile, OSError) as err:
-            for name in notebooks:
-                submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
-            continue
-        renamed = _renamed(files, releases)
-        # a checkpoint left over beside its notebook is no notebook handed in in its own right
-        unused = sorted(stem for stem in set(files) - set(releases) - set(renamed.values()) if not _is_checkpoint(stem))
-        for name, release in releases.items():
-            handed_in = renamed.get(name, name)
-            if handed_in not in files:  # missing: say what was handed in instead, for the instructor to look at
-                if unused:
-                    submission.notes[name] = ("handed in, and taken for none of the assignment's notebooks: "
-                                              + ", ".join(f"{stem}.ipynb" for stem in unused))
-                continue
-            cleaned, note = _clean(files[handed_in], release)
-            if handed_in != name:
-                note = _joined(f"graded {handed_in}.ipynb as {name}.ipynb"
-                               + (" (Jupyter's last checkpoint of it: the notebook itself was not handed in)"
-                                  if _is_checkpoint(handed_in) else ""), note)
-            if cleaned is None:
-                submission.problems[name] = ("unreadable", note)
-            else:
-                submission.notebooks[name] = cleaned
-                note = _joined(note, _modules_not_handed_over(cleaned, modules))
-                if note:
-                    submission.notes[name] = note
-        if others:
-            twice = f"handed in {len(others) + 1} times: graded {entry.name}, the newest, not {', '.join(others)}"
-            for name in notebooks:
-                submission.notes[name] = _joined(twice, submission.notes.get(name))
+            _read_submission(submission, entry, others, releases, own_folder_only)
+        except Exception as err:  # whatever a student's files do to the reading, it costs that student alone
+            why = (f"nested deeper than grading reads ({type(err).__name__})" if isinstance(err, RecursionError)
+                   else f"{type(err).__name__}: {err}")
+            submission.notebooks.clear()
+            for name in releases:
+                submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {why}"[:500])
     return [s for s in class_ if s.student]
+
+
+def _read_submission(submission: Submission, entry: Path, others: list[str], releases: dict,
+                     own_folder_only: bool) -> None:
+    """Fill ``submission`` from the student's ``entry``: a folder, a zip or one notebook."""
+    assignment = submission.assignment
+    if entry.is_symlink():
+        raise UnsafeFile("a symbolic link, which grading does not follow")
+    if not STUDENT_ID.match(submission.student):
+        for name in releases:
+            submission.problems[name] = ("invalid", f"{entry.name!r} is not a usable student id")
+        return
+    try:
+        if entry.suffix == ".zip":
+            files, modules = _files_of_zip(entry, assignment, own_folder_only)
+        elif entry.is_dir():
+            files, modules = _files_of_folder(entry, assignment, own_folder_only)
+            submission.files = _exchange_files(entry, assignment)
+        else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
+            files, modules = {entry.stem: read_regular(entry, MAX_READ_BYTES)}, {}
+        submission.files.update({f"{MODULES}/{name}.py": source for name, source in modules.items()
+                                 if isinstance(source, bytes)})
+    except (zipfile.BadZipFile, OSError) as err:
+        for name in releases:
+            submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
+        return
+    renamed = _renamed(files, releases)
+    # a checkpoint left over beside its notebook is no notebook handed in in its own right
+    unused = sorted(stem for stem in set(files) - set(releases) - set(renamed.values()) if not _is_checkpoint(stem))
+    for name, release in releases.items():
+        handed_in = renamed.get(name, name)
+        if handed_in not in files:  # missing: say what was handed in instead, for the instructor to look at
+            if unused:
+                submission.notes[name] = ("handed in, and taken for none of the assignment's notebooks: "
+                                          + ", ".join(f"{stem}.ipynb" for stem in unused))
+            continue
+        cleaned, note = _clean(files[handed_in], release)
+        if handed_in != name:
+            note = _joined(f"graded {handed_in}.ipynb as {name}.ipynb"
+                           + (" (Jupyter's last checkpoint of it: the notebook itself was not handed in)"
+                              if _is_checkpoint(handed_in) else ""), note)
+        if cleaned is None:
+            submission.problems[name] = ("unreadable", note)
+        else:
+            submission.notebooks[name] = cleaned
+            note = _joined(note, _modules_not_handed_over(cleaned, modules))
+            if note:
+                submission.notes[name] = note
+    if others:
+        twice = f"handed in {len(others) + 1} times: graded {entry.name}, the newest, not {', '.join(others)}"
+        for name in releases:
+            submission.notes[name] = _joined(twice, submission.notes.get(name))

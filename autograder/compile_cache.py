@@ -52,12 +52,12 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
     shutil.rmtree(target, ignore_errors=True)
     if not notebooks:
         return 0
-    with tempfile.TemporaryDirectory(prefix="autograder-compile-cache-") as tmp:
-        scratch = Path(tmp)
-        for data in source.iterdir():  # the data files the notebooks read
-            if data.is_file() and data.suffix != ".ipynb":
-                shutil.copy(data, scratch / data.name)
-        for path, nb in notebooks:
+    for path, nb in notebooks:  # each in a folder of its own, handed to the sandbox's user (sandbox.hand_over)
+        with tempfile.TemporaryDirectory(prefix="autograder-compile-cache-") as tmp:
+            scratch = Path(tmp)
+            for data in source.iterdir():  # the data files the notebooks read
+                if data.is_file() and data.suffix != ".ipynb":
+                    shutil.copy(data, scratch / data.name)
             km = SandboxedKernelManager(policy=policy, scratch=scratch)
             try:
                 NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=True).execute()
@@ -66,8 +66,8 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
             finally:  # nbclient ends only a kernel whose manager it made itself; this one is ours
                 if km.has_kernel:
                     run_sync(km.shutdown_kernel)(now=True)
-        if (scratch / JAX_CACHE).is_dir():
-            shutil.copytree(scratch / JAX_CACHE, target)
+            if (scratch / JAX_CACHE).is_dir():
+                shutil.copytree(scratch / JAX_CACHE, target, dirs_exist_ok=True)
     return len(list(target.glob("*"))) if target.exists() else 0
 
 

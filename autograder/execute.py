@@ -32,6 +32,7 @@ from traitlets import Bool, Enum, Integer, List, Unicode
 from alibi_ref.course.checks import MIME as CHECK_MIME
 
 from .compile_cache import lend
+from .files import read_tail
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
 from .screen import (
     MODULES,
@@ -196,7 +197,8 @@ class SandboxedExecute(Execute):
             if stopped_for:  # the sandbox's bounds on what it writes
                 return "crashed", f"the kernel was stopped in cell {index}: {stopped_for}", index
             limit = self.memory_limit / 2**30
-            log = (self._scratch / "kernel.log").read_text(errors="replace").strip().splitlines()
+            # the kernel's folder is the student's to write: a regular file's last bytes, or nothing
+            log = read_tail(self._scratch / "kernel.log", 4096).decode(errors="replace").strip().splitlines()
             last = f"; its last words: {log[-1][:200]}" if log else ""
             return ("crashed", f"the kernel died in cell {index} ({type(err).__name__}): it ran out of memory "
                     f"(limit {limit:g} GiB), was killed, or the code ended the process{last}", index)

@@ -1,4 +1,4 @@
-"""Where a student's kernel runs: inside bubblewrap, with no network and a private scratch folder.
+"""Where a student's kernel runs: inside bubblewrap, as a user of its own, with no network and a private folder.
 
 The sandbox starts from an empty root and binds in, read-only, only what a Python kernel
 needs: the system's programs and libraries (/usr, /bin, /lib...), a few harmless files of
@@ -13,6 +13,15 @@ writing a file there took the machine's memory), the rest of /dev is read-only, 
 writes may grow past RLIMIT_FSIZE, and its scratch folder (on the grader's own disk) is looked
 at while a cell runs: past its size or file count the kernel is stopped.
 
+What it may do is bounded by who it is, not only by what it sees. Where the grader is root, bwrap
+itself starts as a user of the sandbox's own (a uid no account and no file of the machine has,
+``sandbox_user``), so everything in the sandbox is an unprivileged user with no capability in
+any namespace (``--cap-drop ALL`` as well): it cannot remount a read-only bind, and RLIMIT_NPROC
+bounds its processes and threads. Its folders are handed to that user only once the grader has
+written all it writes there (``hand_over``), so a file the student's code plants cannot redirect
+a write of the grader's. A cgroup per sandbox bounds the memory of all its processes together
+(``cgroup.py``), where the grader may make one.
+
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
 """
@@ -21,7 +30,9 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,6 +52,7 @@ import alibi_ref
 from alibi_ref.course import checks
 from alibi_ref.course.checks import GRADING_ENV
 
+from .cgroup import SandboxCgroup
 from .screen import MODULES
 
 CHECKS_MODULE = checks.__name__
@@ -61,6 +73,43 @@ class SandboxPolicy:
     file_bytes: int = 2**30  # the most any one file it writes may hold
     disk_bytes: int = 2 * 2**30  # the most its scratch folder may hold, all files together, looked at each second
     disk_files: int = 100_000  # and the most files and folders in it
+    processes: int = 512  # processes and threads of the whole sandbox (JAX starts about 60 on 16 cores)
+
+    @property
+    def sandbox_memory_bytes(self) -> int:
+        """All its processes together, tmpfs included: one kernel at its cap, and both of its tmpfs full."""
+        return self.memory_bytes + 2 * self.tmp_bytes
+
+
+# the uids sandboxes run as where the grader is root: above any account's (Debian's go to 60000, and
+# systemd's dynamic users to 65519) and below 2**31, which some tools read as signed
+FIRST_SANDBOX_UID, LAST_SANDBOX_UID = 2**30, 2**31 - 2
+
+
+def sandbox_user() -> int | None:
+    """A uid of its own for one sandbox where the grader is root, else None (the sandbox is the grader's
+    user, in a user namespace of its own, without capabilities)."""
+    if os.geteuid() != 0 or user_switch_problem():
+        return None
+    return FIRST_SANDBOX_UID + secrets.randbelow(LAST_SANDBOX_UID - FIRST_SANDBOX_UID)
+
+
+def hand_over(folder: Path, uid: int | None) -> None:
+    """Give ``folder`` and what the grader wrote in it to the sandbox's user, once the grader will write there
+    no more: before, the folder is the grader's alone, and nothing the student's code does can redirect a
+    write of the grader's (a link planted where it writes)."""
+    if uid is None:
+        return
+    os.lchown(folder, uid, uid)
+    _traversable(folder)  # for bwrap's --chdir, made as root without a capability before the switch
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def _traversable(folder: Path) -> None:
+    """Let the sandbox's user reach ``folder`` (to bind it) without reading or writing it: mode 0711."""
+    os.chmod(folder, stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH)
 
 
 # a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
@@ -81,7 +130,9 @@ def new_scratch(kind: str) -> Path:
     """A private folder (0700) for a student's sandbox or one kernel, named for the process that made
     it, after removing what graders killed before they could clean up left behind (``sweep_scratch``)."""
     sweep_scratch()
-    return Path(tempfile.mkdtemp(prefix=f"alibi-{kind}-{_process_tag(os.getpid())}-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"alibi-{kind}-{_process_tag(os.getpid())}-"))
+    _traversable(folder)
+    return folder
 
 
 def sweep_scratch(where: Path | None = None) -> list[Path]:
@@ -109,10 +160,35 @@ def bwrap_problem() -> str | None:
         return "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap`"
     # what the sandbox needs of it: namespaces, and a tmpfs of a bounded size (--size, bubblewrap 0.5 or later)
     probe = subprocess.run([path, "--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp", "--unshare-all",
-                            "--die-with-parent", "true"], capture_output=True, text=True, check=False)
+                            "--die-with-parent", "--cap-drop", "ALL", "true"], capture_output=True, text=True,
+                           check=False)
     if probe.returncode != 0:
         return ("bwrap cannot sandbox here (it needs namespaces, and bubblewrap 0.5 or later to bound a tmpfs): "
                 f"{probe.stderr.strip() or probe.returncode}")
+    return None
+
+
+def _switch_user(uid: int) -> list[str]:
+    """Run inside the sandbox as root (bwrap without a user namespace, which kept only what this needs): become
+    ``uid`` for good, every capability gone, even from the bounding set, and no way back (no_new_privs)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+@lru_cache(maxsize=1)
+def user_switch_problem() -> str | None:
+    """None where a root grader's sandbox can switch to a user of its own (``_switch_user``) and still run this
+    Python, else why not."""
+    if shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is missing"
+    scratch = new_scratch("kernel")
+    try:
+        command = [*sandbox_prefix(SandboxPolicy(), scratch, FIRST_SANDBOX_UID), sys.executable, "-c", "pass"]
+        probe = subprocess.run(command, capture_output=True, text=True, check=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if probe.returncode != 0:
+        return f"a sandbox user cannot run this Python in bwrap: {probe.stderr.strip()[-300:] or probe.returncode}"
     return None
 
 
@@ -135,21 +211,38 @@ def _python_roots() -> list[str]:
     return sorted(roots)
 
 
-def sandbox_prefix(policy: SandboxPolicy, scratch: Path) -> list[str]:
-    """The command that goes in front of the kernel's own command."""
-    limit = (["prlimit", f"--as={policy.memory_bytes}", f"--fsize={policy.file_bytes}", "--"]
-             if shutil.which("prlimit") else [])
+def sandbox_prefix(policy: SandboxPolicy, scratch: Path, uid: int | None = None, cgroup=None) -> list[str]:
+    """The command that goes in front of the kernel's own command: join the sandbox's cgroup (``cgroup.py``),
+    start bwrap, become the sandbox's user ``uid`` (``sandbox_user``), set the per-process limits."""
+    limit = (["prlimit", f"--as={policy.memory_bytes}", f"--fsize={policy.file_bytes}",
+              f"--nproc={policy.processes}", "--"] if shutil.which("prlimit") else [])
+    join = cgroup.join_prefix() if cgroup is not None else []
     if not policy.use_bwrap or bwrap_problem():
-        return limit
-    tmpfs = ["--size", str(policy.tmp_bytes), "--tmpfs"]
-    cmd = ["bwrap", "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
-           "--dir", "/var/tmp"]
-    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len)):
-        if os.path.lexists(path):
-            cmd += ["--ro-bind", path, path]
-    cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch),
-            "--unshare-all", "--die-with-parent", "--new-session", "--remount-ro", "/", "--remount-ro", "/dev", "--"]
-    return cmd + limit
+        return join + limit
+    if uid is not None:  # root: namespaces but no user namespace, so that setpriv can become ``uid`` inside
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                      "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                      "--cap-add", "CAP_SETPCAP"]
+    elif os.geteuid() == 0:  # root that cannot switch: uid 65534 of a user namespace, without a capability
+        namespaces = ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+    else:  # an unprivileged grader: bwrap's user namespace has no capability to drop, and drops them all
+        namespaces = ["--unshare-all", "--cap-drop", "ALL"]
+    tmpfs = ["--size", str(policy.tmp_bytes), "--perms", "1777", "--tmpfs"]
+    cmd = [*join, "bwrap", "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
+           "--perms", "1777", "--dir", "/var/tmp"]
+    made = {"/", "/tmp", "/dev"}
+    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len), str(scratch)):
+        if not os.path.lexists(path):
+            continue
+        # the folders on the way, made in the sandbox's root traversable: bwrap would copy their modes (/root: 0700)
+        for folder in reversed(Path(path).parents):
+            if str(folder) not in made:
+                made.add(str(folder))
+                cmd += ["--perms", "0755", "--dir", str(folder)]
+        cmd += ["--bind" if path == str(scratch) else "--ro-bind", path, path]
+    cmd += ["--chdir", str(scratch), *namespaces, "--die-with-parent", "--new-session",
+            "--remount-ro", "/", "--remount-ro", "/dev", "--"]
+    return cmd + (_switch_user(uid) if uid is not None else []) + limit
 
 
 def over_bounds(folder: Path, policy: SandboxPolicy) -> str | None:
@@ -237,8 +330,23 @@ class SandboxedKernelManager(AsyncKernelManager):
                                            interrupt_mode="message")
         return self._kernel_spec
 
+    uid = None  # the sandbox's user (``sandbox_user``), its cgroup: a kernel of its own makes its own
+    cgroup = None
+
     def format_kernel_cmd(self, extra_arguments=None):
-        return sandbox_prefix(self.policy, self.scratch) + super().format_kernel_cmd(extra_arguments)
+        if self.zygote is None and self.uid is None:
+            self.uid = sandbox_user()
+            self.cgroup = SandboxCgroup.create(self.policy.sandbox_memory_bytes, self.policy.processes)
+        prefix = sandbox_prefix(self.policy, self.scratch, self.uid, self.cgroup)
+        return prefix + super().format_kernel_cmd(extra_arguments)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if self.cgroup is not None:
+            self.cgroup.close()
+            self.cgroup = None
+
+    cleanup_resources = _async_cleanup_resources  # what AsyncKernelManager calls by this name
 
     async def _async_is_alive(self) -> bool:
         """Alive, and within its folder's bounds: the scratch folder lies on the grader's disk, where the
@@ -265,6 +373,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
             from .zygote import ZygoteProcess
 
+            hand_over(self.scratch, self.zygote.uid)
             pid = self.zygote.spawn(Path(self.connection_file), self.scratch, self.secret)
             self.provisioner.process = ZygoteProcess(self.zygote, pid)
             self.provisioner.pid, self.provisioner.pgid = pid, None
@@ -274,7 +383,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         kw["env"] = kernel_env(self.scratch, self.secret)
         # the kernel's own chatter goes to a log, read back if it dies
         kw["stdout"] = subprocess.DEVNULL
-        kw["stderr"] = open(self.scratch / "kernel.log", "ab")  # the process keeps it open
+        # the process keeps it open; made here, so no file of the student's stands in its place
+        kw["stderr"] = os.fdopen(os.open(self.scratch / "kernel.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "ab")
+        hand_over(self.scratch, self.uid)
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
 

@@ -5,8 +5,10 @@ matplotlib (about 1.5 s more): every notebook paid both. Now each student's job 
 sandbox (``sandbox.sandbox_prefix``, the same bubblewrap policy and memory limit) running a
 zygote (``_zygote_server.py``) that imports the kernel and the course's heavy modules once; each
 notebook's kernel is a fork of it: a fresh process, in its own session, its own scratch folder,
-with nothing of the previous notebook's state. The grader drives it over a unix socket in the
-student's scratch folder. What changes against a sandbox per notebook: a process one of the
+with nothing of the previous notebook's state. The grader drives it over the zygote's own standard
+input and output, pipes that no kernel holds (a fork closes them before it runs a cell): nothing in
+the sandbox can ask it for a process, and it is not dumpable, so a kernel of the same user cannot
+trace it or reach its descriptors through /proc. What changes against a sandbox per notebook: a process one of the
 student's notebooks leaves running lives until the student's last notebook is graded (then the
 sandbox ends and takes it along), where before it ended with its notebook. Every other
 guarantee (no network, nothing of the course or other students visible, the memory cap per
@@ -19,20 +21,23 @@ by a new one, or the notebook gets a kernel of its own as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from alibi_ref.course.checks import GRADING_ENV
 
-from .sandbox import SandboxPolicy, kernel_env, new_scratch, sandbox_prefix
+from .cgroup import SandboxCgroup
+from .sandbox import SandboxPolicy, hand_over, kernel_env, new_scratch, sandbox_prefix, sandbox_user
 
 SERVER = Path(__file__).with_name("_zygote_server.py")
 START_TIMEOUT = 120  # seconds for the zygote's imports (torch on a loaded machine: a few)
@@ -46,40 +51,58 @@ class Zygote:
     """A student's sandbox with a zygote in it (see the module docstring)."""
 
     def __init__(self, policy: SandboxPolicy, preload: list[str]):
+        # the student's folder is the grader's (0711): the sandbox's user writes only in the folders handed to it,
+        # the zygote's home and each kernel's (``scratch``)
         self.root = new_scratch("student")
-        self.socket = self.root / "zygote.sock"
-        cmd = [*sandbox_prefix(policy, self.root), sys.executable, "-c", SERVER.read_text(), str(self.socket),
+        self.uid = sandbox_user()
+        self.cgroup = SandboxCgroup.create(policy.sandbox_memory_bytes, policy.processes)
+        self._lock = threading.Lock()
+        home = self.root / "zygote"
+        home.mkdir()
+        hand_over(home, self.uid)
+        cmd = [*sandbox_prefix(policy, self.root, self.uid, self.cgroup), sys.executable, "-c", SERVER.read_text(),
                *preload]
-        with open(self.root / "zygote.log", "ab") as log:
-            # the zygote grades nothing: GRADING_ENV goes to each kernel (the checks' audit hook, imported
-            # here, takes a process with it set for one that runs answers, and refuses it to fork)
-            env = {name: value for name, value in kernel_env(self.root).items() if name != GRADING_ENV}
-            self.process = subprocess.Popen(cmd, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self.socket.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                words = (self.root / "zygote.log").read_text(errors="replace").strip()[-300:]
-                self.close()
-                raise ZygoteError(f"the kernel zygote did not start: {words or 'no output'}")
-            time.sleep(0.02)
+        # the zygote's log, outside the sandbox: nothing of the student's can stand in its place
+        self._log = tempfile.TemporaryFile()
+        # the zygote grades nothing: GRADING_ENV goes to each kernel (the checks' audit hook, imported
+        # here, takes a process with it set for one that runs answers, and refuses it to fork)
+        env = {name: value for name, value in kernel_env(home).items() if name != GRADING_ENV}
+        self.process = subprocess.Popen(cmd, cwd=home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self._log, start_new_session=True)
+        try:
+            ready = self._reply(START_TIMEOUT)
+        except ZygoteError as err:
+            self._log.seek(0)
+            words = self._log.read()[-300:].decode(errors="replace").strip()
+            self.close()
+            raise ZygoteError(f"the kernel zygote did not start ({err}): {words or 'no output'}") from None
+        if ready.get("ready") is not True:
+            self.close()
+            raise ZygoteError(f"the kernel zygote did not start: it said {ready!r}")
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def request(self, **message) -> dict:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(30)
+        """One request and its reply, over the zygote's standard input and output (one at a time: the grader's
+        threads share a zygote's pipes)."""
+        with self._lock:
             try:
-                conn.connect(str(self.socket))
-                conn.sendall((json.dumps(message) + "\n").encode())
-                reply = conn.makefile("r").readline()
-            except OSError as err:
+                self.process.stdin.write((json.dumps(message) + "\n").encode())
+                self.process.stdin.flush()
+            except (OSError, ValueError) as err:
                 raise ZygoteError(f"the kernel zygote is gone ({err})") from err
-        if not reply:
+            return self._reply(30)
+
+    def _reply(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            raise ZygoteError(f"no reply within {timeout} s")
+        line = self.process.stdout.readline(2**16)
+        if not line:
             raise ZygoteError("the kernel zygote is gone (no reply)")
-        return json.loads(reply)
+        return json.loads(line)
 
     def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> int:
         # a kernel of its own would get kernel_env(scratch, secret); what of it is per notebook, this one gets too
@@ -96,6 +119,12 @@ class Zygote:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)  # bwrap, and with it everything in the sandbox
             self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):  # a request written that the zygote never read
+                pipe.close()
+        self._log.close()
+        if self.cgroup is not None:
+            self.cgroup.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -23,7 +23,14 @@ from conftest import FAST
 from alibi_ref.course.checks import GRADING_ENV
 from autograder.collect import collect
 from autograder.grade import grade
-from autograder.sandbox import SandboxedKernelManager, SandboxPolicy, bwrap_problem, new_scratch, sweep_scratch
+from autograder.sandbox import (
+    SandboxedKernelManager,
+    SandboxPolicy,
+    bwrap_problem,
+    new_scratch,
+    sandbox_user,
+    sweep_scratch,
+)
 from autograder.screen import screen_notebook
 from autograder.zygote import Zygote
 
@@ -258,10 +265,9 @@ def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path, forked):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    policy = SandboxPolicy(memory_bytes=2 * 2**30, tmp_bytes=32 * 2**20, file_bytes=64 * 2**20)
+    policy = SandboxPolicy(memory_bytes=2 * 2**30, tmp_bytes=32 * 2**20, file_bytes=64 * 2**20, processes=64)
     zygote = Zygote(policy, ["numpy"]) if forked else None
-    scratch = zygote.scratch() if forked else tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
+    scratch = zygote.scratch() if forked else new_scratch("kernel")
     code = f"""
 import os, socket, subprocess
 def fill(path, mib):  # tmpfs is memory RLIMIT_AS does not count; the scratch folder is the grader's disk
@@ -290,6 +296,23 @@ attempt("fill shm", lambda: fill("/dev/shm/big", 40))
 attempt("fill dev", lambda: fill("/dev/big", 1))
 attempt("fill scratch", lambda: fill("big", 80))
 attempt("small files", lambda: [fill(f, 16) for f in ("/tmp/small", "/dev/shm/small", "small")])
+# what root could do inside bwrap's namespaces: remount a read-only bind writable, and write through it
+attempt("remount", lambda: subprocess.run(["mount", "-o", "remount,rw,bind", {str(ROOT / 'alibi_ref')!r}],
+                                          check=True, capture_output=True))
+attempt("write package", lambda: open({str(ROOT / 'alibi_ref' / 'planted.pth')!r}, "w").write("import os"))
+print("capabilities", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+print("uid", os.getuid())
+attempt("parent's descriptors", lambda: os.listdir(f"/proc/{{os.getppid()}}/fd"))
+def many(n):
+    started = []
+    try:
+        for _ in range(n):
+            started.append(subprocess.Popen(["sleep", "60"]))
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+attempt("100 processes", lambda: many(100))
 home = {os.path.expanduser("~")!r}
 print("home holds", sorted(os.listdir(home)) if os.path.isdir(home) else [])
 open("scratch_ok.txt", "w").write("fine")
@@ -304,8 +327,14 @@ print("spawned")
             zygote.close()
     listener.close()
     for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow", "fill tmp", "fill shm",
-                 "fill dev", "fill scratch"):
+                 "fill dev", "fill scratch", "remount", "write package", "100 processes"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
+    assert "capabilities 0000000000000000" in printed, printed
+    if forked:  # the zygote, whose pipes command it, is not the kernel's to trace or look into
+        assert "parent's descriptors refused" in printed, printed
+    if os.geteuid() == 0:  # a user of the sandbox's own, not root
+        assert int(printed.split("uid ")[1].split()[0]) not in (0, 65534) or not sandbox_user(), printed
+    assert not (ROOT / "alibi_ref" / "planted.pth").exists()
     assert "small files ALLOWED" in printed, printed
     assert "scratch written" in printed and "spawned" in printed
     # only the folders on the way to the Python installation, if it lives there, nothing else of $HOME
@@ -332,8 +361,7 @@ def test_the_graders_secret_reaches_the_checks_and_no_cell(tmp_path, forked):
     secret = os.urandom(SECRET_BYTES).hex()
     policy = SandboxPolicy(memory_bytes=2 * 2**30)
     zygote = Zygote(policy, ["alibi_ref.course"]) if forked else None
-    scratch = zygote.scratch() if forked else tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
+    scratch = zygote.scratch() if forked else new_scratch("kernel")
     code = f"""
 import os
 print("environment", os.environ[{GRADING_ENV!r}])
