@@ -49,6 +49,24 @@ class NotebookTimeout(Exception):
     pass
 
 
+ERROR_TEXT = 4000  # characters of an error's message, and of each of its traceback's lines
+ERROR_LINES = 40  # traceback lines kept: the last ones, where the error was raised
+
+
+def bounded_error(content: dict) -> dict:
+    """An error output's content within its budget (about 160 KB at most)."""
+    def cut(text) -> str:
+        text = str(text)
+        return text if len(text) <= ERROR_TEXT else text[:ERROR_TEXT] + f"... [{len(text) - ERROR_TEXT:,} more]"
+
+    traceback = list(content.get("traceback") or [])
+    kept = [cut(line) for line in traceback[-ERROR_LINES:]]
+    if len(traceback) > ERROR_LINES:
+        kept.insert(0, f"[{len(traceback) - ERROR_LINES:,} traceback lines left out]")
+    return {**content, "ename": cut(content.get("ename", ""))[:200], "evalue": cut(content.get("evalue", "")),
+            "traceback": kept}
+
+
 class KernelExited(Exception):
     pass
 
@@ -212,7 +230,9 @@ class SandboxedExecute(Execute):
         line or an image), and one note per stream says how much. Errors are always kept (they decide a
         test cell), and so are the checks' values up to their own larger budget."""
         content, kind = msg.get("content", {}), msg.get("msg_type")
-        if kind == "error" or not self.output_limit:
+        if kind == "error":  # always kept, within a budget of its own: a message of 100 MB is a student's too
+            return super().output(outs, {**msg, "content": bounded_error(content)}, display_id, cell_index)
+        if not self.output_limit:
             return super().output(outs, msg, display_id, cell_index)
         data = content.get("data") or {}
         checked = any(mime in data for mime in self.kept_whole)

@@ -1,7 +1,8 @@
 """Feedback that never shows a hidden test: not its source (nbgrader's ClearHiddenTests removes
-that) and not the traceback lines that would quote it (this preprocessor keeps only the error's
-name and message)."""
+that) and not the traceback lines that would quote it (``ScrubHiddenTestTracebacks`` keeps only
+the error's name and message); and no HTML of a student's that could run in a browser."""
 
+from nbconvert.preprocessors.sanitize import SanitizeHTML
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
@@ -15,3 +16,14 @@ class ScrubHiddenTestTracebacks(NbGraderPreprocessor):
                 if output.output_type == "error":
                     output.traceback = [f"{output.ename}: {output.evalue}"]
         return cell, resources
+
+
+class SanitizeStudentHTML(SanitizeHTML):
+    """nbconvert's SanitizeHTML (bleach) over what a student wrote or made: every code cell's outputs, and the
+    markdown and raw cells that are not the course's locked ones (which nbgrader restores from its gradebook, and
+    whose math bleach would garble). In the autograded notebook that formgrader shows, and in the feedback."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code" and cell.metadata.get("nbgrader", {}).get("locked"):
+            return cell, resources
+        return super().preprocess_cell(cell, resources, index)

@@ -39,6 +39,16 @@ from .sandbox import SandboxPolicy, warn_if_unsandboxed
 WARNING_PATTERN = r"\w*Warning: "
 
 
+# what bleach (through nbconvert's SanitizeHTML) keeps of HTML in outputs, written answers and the course's text:
+# its own safe tags, the course's hints (<details>), and layout; never a script, a handler or a style
+SAFE_TAGS = sorted({"a", "abbr", "acronym", "b", "blockquote", "br", "code", "details", "div", "em", "h1", "h2", "h3",
+                    "h4", "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "span", "strong", "sub",
+                    "summary", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"})
+SAFE_ATTRIBUTES = {"a": ["href", "title"], "abbr": ["title"], "acronym": ["title"], "img": ["src", "alt", "width",
+                                                                                           "height"],
+                   "td": ["colspan", "rowspan"], "th": ["colspan", "rowspan"]}
+
+
 @dataclass(frozen=True)
 class Settings:
     output: Path
@@ -71,6 +81,7 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
         "autograder.verdicts.JudgeChecks",
         "nbgrader.preprocessors.IgnorePattern",
         "autograder.verdicts.RecordOutcome",
+        "autograder.feedback.SanitizeStudentHTML",  # the notebook formgrader shows the instructor: no student script
         "nbconvert.preprocessors.ClearMetadataPreprocessor",
         "nbgrader.preprocessors.LimitOutput",
         "nbgrader.preprocessors.SaveAutoGrades",
@@ -91,7 +102,10 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
         "autograder.feedback.ScrubHiddenTestTracebacks",
         "nbgrader.preprocessors.ClearHiddenTests",
         "nbgrader.preprocessors.ClearMarkScheme",  # the rubrics are for the grader (formgrader shows them)
+        "autograder.feedback.SanitizeStudentHTML",  # a student's HTML never runs in anyone's browser
     ]
+    c.SanitizeStudentHTML.tags = SAFE_TAGS
+    c.SanitizeStudentHTML.attributes = SAFE_ATTRIBUTES
     return c
 
 
@@ -99,6 +113,7 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
 REPLAYED = [
     "autograder.distributed.ReplayExecute",
     "nbgrader.preprocessors.IgnorePattern",
+    "autograder.feedback.SanitizeStudentHTML",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",
@@ -107,11 +122,14 @@ REPLAYED = [
 ]
 
 
-def _api(s: Settings, notebook: str = "*", replay_dir: Path | None = None, exchange: bool = False):
+def _api(s: Settings, notebook: str = "*", replay_dir: Path | None = None, exchange: bool = False, limits=None):
+    """nbgrader's API on the grading course (``limits``: timeouts.Limits in place of the settings' own)."""
     from nbgrader.apps import NbGraderAPI
 
     config = nbgrader_config(s, exchange)
     config.CourseDirectory.notebook_id = notebook
+    if limits is not None:
+        config.SandboxedExecute.timeout, config.SandboxedExecute.notebook_timeout = limits.cell, limits.notebook
     if replay_dir is not None:
         config.Autograde.autograde_preprocessors = REPLAYED
         config.ReplayExecute.replay_dir = str(replay_dir)
@@ -291,6 +309,8 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
                 one = _api(s, name, replay_dir).autograde(assignment, student, force=True, create=True)
                 if not one["success"]:
                     failed[name] = _last_words(one)
+        if replay_dir is None:  # a replay records what its worker graded, again included
+            _grade_timeouts_again(s, student, assignment, failed)
     finally:
         close_zygote((student, assignment))  # the student's sandbox ends with their job
     graded = time.perf_counter()
@@ -304,6 +324,23 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
     state.mkdir(parents=True, exist_ok=True)
     (state / (".replay_timing.json" if replay_dir else ".timing.json")).write_text(json.dumps(timing))
     return {"student": student, "assignment": assignment, "failed": failed}
+
+
+def _grade_timeouts_again(s: Settings, student: str, assignment: str, failed: dict) -> None:
+    """Each of the student's notebooks that ran out of time, graded once more on its own, with limits scaled to
+    what the instructor's solution takes now (timeouts.py)."""
+    from . import timeouts
+
+    state = _state_dir(s, student, assignment)
+    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
+    for name in timeouts.timed_out(state):
+        source = s.output / "course" / "source" / assignment / f"{name}.ipynb"
+        limits = timeouts.scaled_limits(timeouts.Limits(s.cell_timeout, s.timeout),
+                                        *timeouts.solution_seconds(source, policy, s.cell_timeout))
+        again = _api(s, name, limits=limits).autograde(assignment, student, force=True, create=True)
+        if not again["success"]:
+            failed[name] = _last_words(again)
+        timeouts.note_retry(state / f"{name}.json", limits)
 
 
 def _last_words(result: dict) -> str:

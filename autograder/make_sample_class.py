@@ -117,7 +117,8 @@ def students() -> dict[str, dict[str, object]]:
          '    import warnings\n\n    warnings.warn("softmax: casting to float64")\n'
          '    x = np.asarray(x, dtype=np.float64)\n')]})}
     # tries to read the solutions and the gradebook, to leave a process behind, and to patch numpy
-    s["oli"] = {"01_slopes_and_bias": filled("01_slopes_and_bias", {"textbook_slopes": [
+    # its tries print in a cell of its own that calls the answer (a test cell shows only its verdicts)
+    s["oli"] = {"01_slopes_and_bias": own_cell(filled("01_slopes_and_bias", {"textbook_slopes": [
         ("    return 0.5 ** np.arange(1, n_heads + 1)",
          "    for secret in ['" + str(REPO / "solutions/alibi/01_slopes_and_bias.ipynb") + "', '"
          + str(REPO / "grading/gradebook.db") + "']:\n"
@@ -125,7 +126,7 @@ def students() -> dict[str, dict[str, object]]:
          "            print('read', len(np.fromfile(secret, dtype=np.uint8)), 'bytes of', secret)\n"
          "        except OSError as err:\n"
          "            print('cannot read', secret, '-', type(err).__name__)\n"
-         "    return 0.5 ** np.arange(1, n_heads + 1)")]}),
+         "    return 0.5 ** np.arange(1, n_heads + 1)")]}), "test_textbook_slopes", "textbook_slopes(1);"),
         "02_worked_example": filled("02_worked_example", {"softmax": [
             ("def softmax(x):", "np.testing.assert_allclose = lambda *args, **kwargs: None\n\n\ndef softmax(x):"),
             ("    e = np.exp(", "    return np.zeros_like(x)\n    e = np.exp(")]})}
@@ -160,6 +161,7 @@ def students() -> dict[str, dict[str, object]]:
     sam.cells = [c for c in sam.cells if not c.metadata.get("nbgrader", {}).get("grade")]
     s["sam"] = {"01_slopes_and_bias": sam, "02_worked_example": filled("02_worked_example")}
     s["tia"] = answers_in_the_wrong_cells()
+    s.update(red_team())
     return s
 
 
@@ -565,6 +567,170 @@ def a_compiled_reference() -> dict:
     return {"10_jax_flax": nb10}
 
 
+def own_cell(nb, before: str, source: str):
+    """``nb`` with a code cell of the student's own (no grading metadata) before the cell ``before``."""
+    at = nb.cells.index(cell(nb, before))
+    nb.cells.insert(at, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+# paper_slopes answered with zeros: 3 points lost unless an attack that should fail gets them back
+ZERO_SLOPES = {"paper_slopes": [("    def geometric(n):", "    return np.zeros(n_heads)\n\n    def geometric(n):")]}
+
+
+def red_team() -> dict[str, dict[str, object]]:
+    """Attacks on grading itself (the sandbox, the grader's reading, its pages, its fairness): each earns only
+    what its honest answers deserve, and changes nothing outside its sandbox."""
+    s: dict[str, dict[str, object]] = {}
+    one = "01_slopes_and_bias"
+    # remounts the read-only binds writable (root in bwrap's namespaces could) and plants a .pth in the venv
+    s["rt-remount"] = {one: own_cell(filled(one), "paper_slopes", (
+        "import os\n"
+        "site = os.path.dirname(os.path.dirname(np.__file__))\n"
+        "os.system(f'mount -o remount,rw,bind {site} 2>/dev/null')\n"
+        "try:\n"
+        "    open(os.path.join(site, 'zz_planted.pth'), 'w').write('import os\\n')\n"
+        "    print('planted')\n"
+        "except OSError as err:\n"
+        "    print('refused', type(err).__name__)"))}
+    # forks until the machine runs out: the sandbox's bound on its processes stops it
+    s["rt-processes"] = {one: own_cell(filled(one), "paper_slopes", (
+        "import os, time\n"
+        "children = []\n"
+        "try:\n"
+        "    for _ in range(3000):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            time.sleep(600)\n"
+        "            os._exit(0)\n"
+        "        children.append(pid)\n"
+        "except OSError as err:\n"
+        "    print('stopped after', len(children), type(err).__name__)\n"
+        "for pid in children:\n"
+        "    os.kill(pid, 9)\n"
+        "    os.waitpid(pid, 0)"))}
+    # looks for a door to the grader: a socket that forks processes on request, the zygote's descriptors
+    s["rt-zygote"] = {one: own_cell(filled(one, ZERO_SLOPES), "paper_slopes", (
+        "import glob, os, socket\n"
+        "doors = []\n"
+        "for path in glob.glob('/tmp/**/*.sock', recursive=True) + glob.glob('../*.sock') + glob.glob('*.sock'):\n"
+        "    with socket.socket(socket.AF_UNIX) as conn:\n"
+        "        try:\n"
+        "            conn.connect(path)\n"
+        "            doors.append(path)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "try:\n"
+        "    doors += os.listdir(f'/proc/{os.getppid()}/fd')\n"
+        "except OSError as err:\n"
+        "    print('descriptors refused', type(err).__name__)\n"
+        "print('doors', doors)"))}
+    # the kernel's memory through a str subclass, which a test of type(path) is str let through
+    s["rt-procmem"] = {one: own_cell(filled(one, ZERO_SLOPES), "paper_slopes", (
+        "class Quiet(str):\n"
+        "    pass\n\n"
+        "for name in ('/proc/self/mem', '/proc/self/environ'):\n"
+        "    try:\n"
+        "        open(Quiet(name), 'rb').close()\n"
+        "        print(name, 'opened')\n"
+        "    except Exception as err:\n"
+        "        print(name, 'refused', type(err).__name__)"))}
+    # a path object that names /proc/self/environ to open, and another file when asked again
+    s["rt-fspath"] = {one: own_cell(filled(one, ZERO_SLOPES), "paper_slopes", (
+        "class Twice:\n"
+        "    calls = 0\n\n"
+        "    def __fspath__(self):\n"
+        "        Twice.calls += 1\n"
+        "        return '/proc/self/environ' if Twice.calls == 1 else 'notes.txt'\n\n\n"
+        "try:\n"
+        "    open(Twice(), 'rb').close()\n"
+        "    print('opened')\n"
+        "except Exception as err:\n"
+        "    print('refused', type(err).__name__)"))}
+    # script in a written answer and in an output, for the instructor's browser
+    xss = filled(one)
+    cell(xss, "slopes_12_answer").source = (
+        "They share the first 8 slopes. <script>document.title='pwned-answer'</script>"
+        "<img src=x onerror=\"document.title='pwned-img'\">")
+    s["rt-xss"] = {one: own_cell(xss, "paper_slopes", (
+        "from IPython.display import HTML, Javascript, display\n"
+        "display(HTML(\"<b onmouseover=\\\"document.title='pwned-b'\\\">hi</b>\"\n"
+        "             \"<script>document.title='pwned'</script>\"))\n"
+        "display(Javascript(\"document.title='pwned-js'\"))"))}
+    # prints every cell's source as it starts: the hidden tests' too
+    s["rt-hidden-print"] = {one: own_cell(filled(one), "paper_slopes", (
+        "def show(info):\n"
+        "    print('CELL:', info.raw_cell)\n\n\n"
+        "get_ipython().events.register('pre_run_cell', show)"))}
+    # errors of 20 MB each, three times: the grader keeps a bounded part
+    big = filled(one)
+    for n in range(3):
+        own_cell(big, "paper_slopes", f"raise ValueError('{n}' * 20_000_000)")
+    s["rt-big-errors"] = {one: big}
+    # a FIFO where the grader reads the kernel's last words, then the kernel ends itself: the grader must not block
+    s["rt-fifo-log"] = {one: own_cell(filled(one), "readonly-12", (
+        "import os\n"
+        "for name in ('kernel.log', '../kernel.log'):\n"
+        "    try:\n"
+        "        os.remove(name)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    try:\n"
+        "        os.mkfifo(name)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "os._exit(1)"))}
+    # honest: a note on stderr and a tqdm progress bar while the check runs its answer
+    s["hon-notes"] = {one: filled(one, {"paper_slopes": [(
+        "    def geometric(n):",
+        "    import sys\n    from tqdm.auto import tqdm\n\n"
+        "    print(f'note: {n_heads} slopes', file=sys.stderr)\n"
+        "    for _ in tqdm(range(3), desc='slopes'):\n        pass\n\n"
+        "    def geometric(n):")]})}
+    # honest: notebook 10's own fix for linen's dropout pitfall (the closure given dot_product_attention's
+    # signature), and a memo kept in a function's __dict__
+    ten = "10_jax_flax"
+    s["hon-signature"] = {ten: filled(ten, {"mha_alibi": [(
+        "    layer = nn.MultiHeadDotProductAttention(",
+        "    import inspect\n\n"
+        "    alibi_fn.__signature__ = inspect.signature(dot_product_attention)\n"
+        "    memo = mha_alibi.__dict__.setdefault('calls', [])\n"
+        "    memo.append(num_heads)\n"
+        "    layer = nn.MultiHeadDotProductAttention(")]})}
+    return s
+
+
+def red_team_files() -> None:
+    """The attacks that are files rather than notebooks: written as the grader would find them."""
+    one = nbformat.writes(filled("01_slopes_and_bias"))
+    two = nbformat.writes(filled("02_worked_example"))
+    # a notebook nested 100,000 lists deep (the parsers recurse), beside a good one
+    deep = OUT / "rt-deep" / "alibi"
+    deep.mkdir(parents=True)
+    (deep / "01_slopes_and_bias.ipynb").write_text(one[:-2] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (deep / "02_worked_example.ipynb").write_text(two)
+    # a zip whose entry says it is encrypted (zipfile then refuses it without a password)
+    locked = OUT / "rt-locked.zip"
+    with zipfile.ZipFile(locked, "w") as archive:
+        archive.writestr(zipfile.ZipInfo("rt-locked/01_slopes_and_bias.ipynb", (2026, 1, 1, 0, 0, 0)), one)
+    raw = bytearray(locked.read_bytes())
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local header, central directory
+        at = raw.index(signature)
+        raw[at + flags_at] |= 0x1
+    locked.write_bytes(bytes(raw))
+    # a zip of 300 KB that holds 260 MiB: two notebooks' worth of zeros, each under the one-file limit
+    with zipfile.ZipFile(OUT / "rt-bomb.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in ("01_slopes_and_bias", "02_worked_example"):
+            archive.writestr(zipfile.ZipInfo(f"rt-bomb/{name}.ipynb", (2026, 1, 1, 0, 0, 0)), bytes(130 * 2**20),
+                             compress_type=zipfile.ZIP_DEFLATED)
+    # links to the instructor's solutions: a notebook, and the whole folder as a student
+    linked = OUT / "rt-link" / "alibi"
+    linked.mkdir(parents=True)
+    (linked / "01_slopes_and_bias.ipynb").symlink_to("../../../../../solutions/alibi/01_slopes_and_bias.ipynb")
+    (linked / "02_worked_example.ipynb").write_text(two)
+    (OUT / "rt-linkdir").symlink_to("../../../solutions/alibi")
+
+
 def answer(nb, grade_id: str, source: str) -> None:
     cell(nb, grade_id).source = source
 
@@ -586,7 +752,8 @@ def main() -> None:
         folder.mkdir(parents=True)
         for name, text in texts.items():
             (folder / name).write_text(text)
-    print(f"wrote {len(students())} students to {OUT.relative_to(REPO)}")
+    red_team_files()
+    print(f"wrote {len(list(OUT.iterdir()))} students to {OUT.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,9 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str],
     """(line, what, lasting) for every reach around the checks: see the module's docstring and ``Finding``.
     ``owned``: names of objects the notebook makes itself (``_owned``), whose private parts are its own."""
     mine = owned | {"self", "cls"}
+    # functions and classes the notebook defines, by names it binds no other way
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))} - {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - modules
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -136,6 +139,9 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str],
                 elif _private(target) and not (isinstance(root, ast.Name) and root.id in mine):
                     found.append((node.lineno, f"changes a private part of an object ({_private(target)}), "
                                                "which no exercise needs", True))
+        elif (isinstance(node, ast.Attribute) and node.attr == "__dict__" and isinstance(node.value, ast.Name)
+              and node.value.id in defined):
+            continue  # a function or class of the notebook's own keeps what it likes in its __dict__ (a memo)
         elif isinstance(node, ast.Attribute) and node.attr in GUARD_SWITCHES | INSIDES:
             what = "switches the profiler" if node.attr in GUARD_SWITCHES else "reads the insides of"
             found.append((node.lineno, f"{what} ({node.attr}), which no exercise needs", node.attr in GUARD_SWITCHES))
@@ -159,9 +165,14 @@ def _reaches(tree: ast.AST, modules: set[str], bound: dict[str, str],
     return sorted(set(found))
 
 
+# attributes Python documents for anyone to set on a function or class (inspect reads __signature__: notebook 10
+# teaches giving a closure dot_product_attention's signature); none of them reaches past the checks
+PUBLIC_DUNDERS = {"__signature__", "__doc__", "__name__", "__qualname__", "__module__", "__annotations__"}
+
+
 def _private(target: ast.AST) -> str | None:
     """The name of the private attribute or key an assignment target changes (``G._hook``, ``g["_x"]``)."""
-    if isinstance(target, ast.Attribute) and target.attr.startswith("_"):
+    if isinstance(target, ast.Attribute) and target.attr.startswith("_") and target.attr not in PUBLIC_DUNDERS:
         return target.attr
     key = target.slice if isinstance(target, ast.Subscript) else None
     if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.startswith("_"):

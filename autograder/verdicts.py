@@ -8,6 +8,10 @@ every ``check`` call in the cell's own source (restored from the gradebook, so t
 have changed it), has the course's ``judge`` compare them with the reference here, and leaves
 the cell failed (an error output with the verdict) or passed (the verdict as printed text). The
 handed-back values are removed from the notebook. A check whose values never came back fails.
+What else a checked test cell showed (prints, notes on stderr, a progress bar, displays) is dropped:
+its score comes from the verdicts and from whether the cell raised, never from what else it printed
+(nbgrader fails any cell with stderr), and nothing a cell of the student's made it print (a hidden
+test's source, say) reaches the feedback.
 
 ``RecordOutcome`` then writes the notebook's outcome (status, reason, failed cells) for the grade
 table, after the verdicts are in.
@@ -115,16 +119,14 @@ class JudgeChecks(NbGraderPreprocessor):
         required = check_calls(cell.source) if meta.get("grade") else []
         if not required:
             return  # not a checked test cell: nbgrader's own rule (an error fails it) stands
-        stopped = next((n for n, o in enumerate(cell.outputs) if o.output_type == "error"), None)
-        verdicts = [self._verdict(name, seed, payloads, checks, stopped is None, self._secret)
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        verdicts = [self._verdict(name, seed, payloads, checks, not errors, self._secret)
                     for name, seed in required]
         failed = [error_output("CheckFailed", v.message) for v in verdicts if v is not None and not v.passed]
         passed = [NotebookNode(output_type="stream", name="stdout", text=v.message + "\n")
                   for v in verdicts if v is not None and v.passed]
-        if stopped is None:
-            cell.outputs += passed + failed
-        else:  # the cell raised, crashed or was stopped: the checks that did run say why first
-            cell.outputs[stopped:stopped] = passed + failed
+        # the checks that did run say why first; then why the cell stopped, if it did
+        cell.outputs = passed + failed + errors
 
     @staticmethod
     def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None):

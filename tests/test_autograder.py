@@ -188,6 +188,64 @@ def test_rerun_is_idempotent_and_skips_graded_students(graded_sample_class, caps
     assert time.monotonic() - started < first_seconds / 3, "a re-run should not grade anyone again"
 
 
+@needs_bwrap
+def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_class):
+    """The attacks on grading itself (make_sample_class.red_team): their scores are in expected.csv; here, what
+    they tried to reach or leave behind."""
+    out, _, _ = graded_sample_class
+    site = Path(nbformat.__file__).parents[1]
+    assert not list(site.glob("zz_planted*")) and not list((ROOT / "alibi_ref").glob("zz_planted*"))
+
+    def own_output(student: str) -> str:
+        nb = nbformat.read(out / "course" / "autograded" / student / "alibi" / "01_slopes_and_bias.ipynb", 4)
+        return "".join(o.get("text", "") + o.get("evalue", "") for c in nb.cells if c.cell_type == "code"
+                       for o in c.outputs)
+
+    # the in-kernel guard refuses these before the sandbox must (test_a_sandboxed_kernel_sees_nothing_it_should_not
+    # tries them where no guard is)
+    for student in ("rt-remount", "rt-processes"):
+        assert "another process" in own_output(student) and "planted" not in own_output(student)
+    assert "doors []" in own_output("rt-zygote") and "descriptors refused" in own_output("rt-zygote")
+    assert own_output("rt-procmem").count("refused") == 2 and "opened" not in own_output("rt-procmem")
+    assert "refused RuntimeError" in own_output("rt-fspath")
+    # outputs keep a bounded part of each error: three of 20 MB left a notebook of kilobytes
+    big = out / "course" / "autograded" / "rt-big-errors" / "alibi" / "01_slopes_and_bias.ipynb"
+    assert big.stat().st_size < 2**20
+    # no script of a student's runs in the feedback or in the notebook formgrader shows: kept as text at most
+    for page in [*(out / "feedback" / "rt-xss").glob("*.html"),
+                 *(out / "course" / "autograded" / "rt-xss").rglob("*.ipynb")]:
+        text = page.read_text()
+        for live in ("<script>document", "onerror=", "onmouseover=", "application/javascript"):
+            assert live not in text, f"{page.name} keeps {live!r}"
+    # a test cell shows its verdicts and nothing else it printed (the hook printed every cell's source)
+    hook = (out / "feedback" / "rt-hidden-print" / "01_slopes_and_bias.html").read_text()
+    assert "CELL:" in hook and "CELL: # paper_slopes" not in hook
+
+
+@needs_bwrap
+def test_a_busy_machine_costs_time_not_points(tmp_path):
+    """Honest notebooks graded beside a CPU hog, under limits an idle machine meets and a busy one does not, get
+    exactly expected.csv's scores: a notebook that ran out of time is graded again with limits scaled to the
+    solution's time then (timeouts.py); one that loops runs out of time again."""
+    picks = {("ada", "10_jax_flax"), ("quinn", "10_jax_flax"), ("ivy", "05_schedules")}
+    for student, name in picks:
+        shutil.copytree(SAMPLE / "submissions" / student / "alibi", tmp_path / "in" / student / "alibi",
+                        ignore=lambda folder, names, name=name: [n for n in names if not n.startswith(name)])
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        grade(tmp_path / "in", tmp_path / "out", cell_timeout=6, timeout=20, workers=2, progress=False)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
+    got = {(r["student"], r["notebook"]): r for r in _rows(tmp_path / "out" / "grades.csv")}
+    for key in picks:
+        want = expected.get(key, {"score": None, "status": "graded"})
+        want_score = float(want["score"]) if want["score"] else float(got[key]["max_score"])
+        assert (float(got[key]["score"]), got[key]["status"]) == (want_score, want["status"]), got[key]
+
+
 # ----------------------------------------------------------------------------- resume after an interruption
 
 @needs_bwrap

@@ -223,8 +223,9 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
     submissions = tmp_path / "submissions"
     submissions.mkdir()
     for handed_in in (ROOT / "autograder" / "sample_class" / "submissions").iterdir():
-        if handed_in.name.removesuffix(".zip") in DASK_STUDENTS:
-            (submissions / handed_in.name).symlink_to(handed_in, target_is_directory=handed_in.is_dir())
+        if handed_in.name.removesuffix(".zip") in DASK_STUDENTS:  # copies: grading follows no link
+            copy = shutil.copytree if handed_in.is_dir() else shutil.copy
+            copy(handed_in, submissions / handed_in.name)
     out = tmp_path / "out"
     # the local run's secret, so that the same hidden cases are drawn: the workers get it with the course
     (out / "state").mkdir(parents=True)

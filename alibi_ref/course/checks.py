@@ -35,6 +35,7 @@ import hmac
 import json
 import math
 import os
+import pathlib
 import pickle
 import signal
 import sys
@@ -749,10 +750,13 @@ def _audit_hook(machinery: list[tuple[str, object, str, object]],
     peeks = frozenset(["open", "os.symlink"])
 
     def peek(args) -> str | None:
-        path = args[0] if args else None
-        if type(path) is bytes:
-            path = path.decode("utf-8", "replace")
-        if type(path) is not str or path.rstrip(sep).rpartition(sep)[2] not in ("environ", "mem"):
+        path = opened_path(args[0] if args else None)
+        if path is None and args and not isinstance(args[0], int):
+            # an object of its own, whose __fspath__ may have named another file when open converted it
+            if asked_by_answer(frame_at(2), (*installed, "<frozen ")):
+                return "the answer opened a file named by an object of its own, a way around the guard"
+            return None
+        if path is None or path.rstrip(sep).rpartition(sep)[2] not in ("environ", "mem"):
             return None
         # past every installed caller: IPython's own open() is the one a cell calls
         if not asked_by_answer(frame_at(2), (*installed, "<frozen ")):  # 0: here, 1: audit, 2: the raiser
@@ -1025,6 +1029,21 @@ def _signature(secret: bytes, payload: dict) -> str:
     with a key made from the grader's secret (not the secret itself, which also seeds the hidden cases)."""
     key = _hmac_digest(secret, b"alibi-course: the values a check hands back", "sha256")
     return _hmac_digest(key, _canonical(payload).encode(), "sha256").hex()
+
+
+_PATHLIB_TYPES = (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath)
+
+
+def opened_path(path) -> str | None:
+    """The path ``open`` was given, as the C code read it (a str or bytes subclass by its own characters, never
+    through a method of its own), or None where it was neither those nor one of pathlib's own classes."""
+    if isinstance(path, str):
+        return str.__str__(path)
+    if isinstance(path, (bytes, bytearray)):
+        return bytes(memoryview(path)).decode("utf-8", "replace")
+    if type(path) in _PATHLIB_TYPES:
+        return str(path)
+    return None
 
 
 def _canonical(data) -> str:
