@@ -49,6 +49,9 @@ from .screen import MODULES, imported_modules, is_module_name, is_script_name, p
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
 MAX_NOTEBOOK_BYTES = 20 * 2**20  # what reaches nbgrader; a larger notebook loses its outputs first
 MAX_READ_BYTES = 256 * 2**20  # what is read at all, of one notebook and of all a student's notebooks together
+# objects and lists in a notebook's JSON, counted by their opening brackets before it is parsed: Python's objects
+# take about 24 times the text's bytes for "[{},{},...]"; an honest notebook of 100 MB holds about 100,000
+MAX_JSON_NODES = 2_000_000
 MAX_JSON_DEPTH = 64  # a notebook nests about 8 levels; nbgrader and the grader's parsers recurse
 MAX_ENTRIES = 10_000  # files and folders in a student's folder or zip, looked at before anything is read
 # what nbgrader's exchange puts beside the notebooks: when it was handed in (late penalties) and the
@@ -134,8 +137,9 @@ def _is_regular(path: Path, kind=stat.S_ISREG) -> bool:
 
 
 def _within_budget(sizes) -> None:
-    """Refuse a submission whose notebooks hold more than MAX_READ_BYTES together, before any is read."""
-    total = sum(sizes)
+    """Refuse a submission whose notebooks hold more than MAX_READ_BYTES together, before any is read (one larger
+    than that alone is not read, and says so itself)."""
+    total = sum(size for size in sizes if size <= MAX_READ_BYTES)
     if total > MAX_READ_BYTES:
         raise UnsafeFile(f"its notebooks hold {total / 2**20:,.0f} MiB together, more than grading reads "
                          f"({MAX_READ_BYTES // 2**20} MiB)")
@@ -293,7 +297,13 @@ def _decoded(raw: bytes) -> tuple[str, str]:
     return text, f"read as {'UTF-8 with a byte-order mark' if encoding == 'utf-8-sig' else encoding.upper()}"
 
 
+def _too_many_nodes(raw: bytes) -> bool:
+    return raw.count(b"{") + raw.count(b"[") > MAX_JSON_NODES
+
+
 def _grade_ids_in(raw: bytes) -> set[str]:
+    if _too_many_nodes(raw):
+        return set()
     try:
         cells = json.loads(_decoded(raw)[0]).get("cells", [])
         return {str(c["metadata"]["nbgrader"]["grade_id"]) for c in cells
@@ -509,6 +519,8 @@ def _new_ids_quietly():
 def _without_outputs(raw: bytes) -> tuple[bytes, str]:
     """A notebook past MAX_NOTEBOOK_BYTES without its outputs and saved widget state, which grading does not
     read (it runs every cell again): a printing loop or many plots made honest notebooks that large."""
+    if _too_many_nodes(raw):
+        return raw, ""
     try:
         nb = json.loads(_decoded(raw)[0])
         for cell in nb["cells"]:
@@ -537,6 +549,8 @@ def _clean(raw: bytes | int, release) -> tuple[bytes | None, str]:
     one past MAX_READ_BYTES, which is not read."""
     if isinstance(raw, int):
         return None, f"larger than {MAX_READ_BYTES // 2**20} MiB ({raw / 2**20:,.0f} MiB)"
+    if _too_many_nodes(raw):
+        return None, f"not a notebook: its JSON holds more than {MAX_JSON_NODES:,} objects and lists"
     notes = []
     if len(raw) > MAX_NOTEBOOK_BYTES:
         raw, cleared = _without_outputs(raw)

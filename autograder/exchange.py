@@ -16,8 +16,14 @@ submission secret, so the released pages are the ones nbgrader's fetch_feedback 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import warnings
 from pathlib import Path
+
+from nbgrader.exchange.default.collect import ExchangeCollect
+from nbgrader.utils import ignore_patterns
 
 from .course import CONFIG_FILE, load_config
 
@@ -37,8 +43,42 @@ def collect(course_root: Path, assignments) -> str:
         raise FileNotFoundError(f"{course_root} is not an nbgrader course root: it has no {CONFIG_FILE}")
     config = load_config(course_root / CONFIG_FILE)
     config.CourseDirectory.root = str(course_root)
+    if "collect" not in config.ExchangeFactory:  # a course's own exchange keeps its own collect
+        config.ExchangeFactory.collect = f"{__name__}.CollectWithoutFollowingLinks"
     api = NbGraderAPI(config=config)
     return "".join(_check(api.collect(a), f"collect {a}") for a in assignments)
+
+
+class CollectWithoutFollowingLinks(ExchangeCollect):
+    """nbgrader's collect, following no link a student put in the exchange's inbound folder (a submission that is
+    a link, or a link inside one): nbgrader's copytree would read what it names (the instructor's solutions, as
+    root) into submitted/. Otherwise nbgrader's ``do_copy``: its size limit, ignore rules and group modes."""
+
+    def do_copy(self, src, dest, log=None):
+        if os.path.islink(src) or not os.path.isdir(src):
+            self.log.warning("left out %s: a link, or not a folder, which grading does not follow", src)
+            return
+        if self.get_size(src) > 1000 * self.coursedir.max_dir_size:
+            raise RuntimeError(f"Directory size is too big. Size is {self.get_size(src)}, maximum size is "
+                               f"{1000 * self.coursedir.max_dir_size}")
+        rules = ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
+                                max_file_size=self.coursedir.max_file_size, log=self.log)
+
+        def ignored(folder, names):
+            links = {n for n in names if os.path.islink(os.path.join(folder, n))}
+            for name in sorted(links):
+                self.log.warning("left out %s: a link, which grading does not follow", os.path.join(folder, name))
+            return set(rules(folder, names)) | links
+
+        # symlinks=True: a file made a link after the look above is copied as a link, never read through
+        shutil.copytree(src, dest, symlinks=True, ignore=ignored)
+        if self.coursedir.groupshared:
+            for folder, _, files in os.walk(dest):
+                for path in [folder, *(os.path.join(folder, f) for f in files)]:
+                    if not os.path.islink(path):
+                        wanted = 0o2770 if path == folder else 0o660
+                        with contextlib.suppress(PermissionError):
+                            os.chmod(path, os.stat(path).st_mode | wanted)
 
 
 def feedback(output: Path, release: bool = False, db: str | None = None) -> list[str]:

@@ -2,9 +2,10 @@
 that) and not the traceback lines that would quote it (``ScrubHiddenTestTracebacks`` keeps only
 the error's name and message); and no HTML of a student's that could run in a browser."""
 
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors.sanitize import SanitizeHTML
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 
 class ScrubHiddenTestTracebacks(NbGraderPreprocessor):
@@ -21,9 +22,26 @@ class ScrubHiddenTestTracebacks(NbGraderPreprocessor):
 class SanitizeStudentHTML(SanitizeHTML):
     """nbconvert's SanitizeHTML (bleach) over what a student wrote or made: every code cell's outputs, and the
     markdown and raw cells that are not the course's locked ones (which nbgrader restores from its gradebook, and
-    whose math bleach would garble). In the autograded notebook that formgrader shows, and in the feedback."""
+    whose math bleach would garble). In the autograded notebook that formgrader shows, and in the feedback.
+
+    Markdown is rendered to HTML first (nbconvert's own renderer), then cleaned: bleach reads HTML, and a
+    markdown link to ``javascript:`` is no tag until rendered, where nbconvert's renderer keeps its target."""
+
+    enabled = Bool(True, help="nbconvert's preprocessors are off unless enabled; this one is the grader's").tag(
+        config=True)
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code" and cell.metadata.get("nbgrader", {}).get("locked"):
             return cell, resources
+        if cell.cell_type == "markdown":
+            cell.source = self.sanitize_html_tags(markdown2html_mistune(cell.source))
+            return cell, resources
         return super().preprocess_cell(cell, resources, index)
+
+    def sanitize_code_outputs(self, outputs):
+        for output in outputs:
+            data = output.get("data") or {}
+            if "text/markdown" in data:
+                markdown = data.pop("text/markdown")
+                data.setdefault("text/html", markdown2html_mistune(markdown))
+        return super().sanitize_code_outputs(outputs)

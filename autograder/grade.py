@@ -26,11 +26,13 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 from traitlets.config import Config
 
+from . import outcomes
 from .collect import Submission, collect
 from .course import Course, load_config
 from .sandbox import SandboxPolicy, warn_if_unsandboxed
@@ -81,12 +83,14 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
         "autograder.verdicts.JudgeChecks",
         "nbgrader.preprocessors.IgnorePattern",
         "autograder.verdicts.RecordOutcome",
-        "autograder.feedback.SanitizeStudentHTML",  # the notebook formgrader shows the instructor: no student script
         "nbconvert.preprocessors.ClearMetadataPreprocessor",
         "nbgrader.preprocessors.LimitOutput",
         "nbgrader.preprocessors.SaveAutoGrades",
         "nbgrader.preprocessors.AssignLatePenalties",
         "nbgrader.preprocessors.CheckCellMetadata",
+        # the notebook formgrader shows the instructor: no student script; after the grades are saved, which
+        # read a written answer's text (left as released, it scores 0)
+        "autograder.feedback.SanitizeStudentHTML",
     ]
     c.SandboxedExecute.timeout = s.cell_timeout
     c.SandboxedExecute.notebook_timeout = s.timeout
@@ -113,12 +117,12 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
 REPLAYED = [
     "autograder.distributed.ReplayExecute",
     "nbgrader.preprocessors.IgnorePattern",
-    "autograder.feedback.SanitizeStudentHTML",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
+    "autograder.feedback.SanitizeStudentHTML",
 ]
 
 
@@ -309,10 +313,13 @@ def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[s
                 one = _api(s, name, replay_dir).autograde(assignment, student, force=True, create=True)
                 if not one["success"]:
                     failed[name] = _last_words(one)
-        if replay_dir is None:  # a replay records what its worker graded, again included
-            _grade_timeouts_again(s, student, assignment, failed)
     finally:
         close_zygote((student, assignment))  # the student's sandbox ends with their job
+    if replay_dir is None:  # a replay records what its worker graded, again included
+        try:  # in a new sandbox: nothing the student left running slows the solution while it is timed
+            _grade_timeouts_again(s, student, assignment, failed)
+        finally:
+            close_zygote((student, assignment))
     graded = time.perf_counter()
     if feedback:
         made = _api(s).generate_feedback(assignment, student, force=True)
@@ -340,7 +347,7 @@ def _grade_timeouts_again(s: Settings, student: str, assignment: str, failed: di
         again = _api(s, name, limits=limits).autograde(assignment, student, force=True, create=True)
         if not again["success"]:
             failed[name] = _last_words(again)
-        timeouts.note_retry(state / f"{name}.json", limits)
+        timeouts.note_retry(outcomes.outcome_path(s.output / "state", student, assignment, name), limits)
 
 
 def _last_words(result: dict) -> str:
@@ -360,7 +367,7 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
         problem = submission.problems.get(name)
         if name not in submission.notebooks:
             status, reason = problem or ("missing", "no such notebook was submitted")
-            (state / f"{name}.json").write_text(json.dumps({"status": status, "reason": reason, "seconds": 0}))
+            outcomes.write(state / f"{name}.json", {"status": status, "reason": reason, "seconds": 0})
 
 
 def write_submitted(target: Path, notebooks: dict[str, bytes], files: dict[str, bytes]) -> None:
@@ -374,8 +381,8 @@ def write_submitted(target: Path, notebooks: dict[str, bytes], files: dict[str, 
 
 
 def _state_dir(s: Settings, student: str, assignment: str) -> Path:
-    """Where one student's assignment keeps its outcomes (RecordOutcome writes the same layout)."""
-    return s.output / "state" / student / assignment
+    """Where one student's assignment keeps its outcomes (outcomes.py)."""
+    return outcomes.assignment_dir(s.output / "state", student, assignment)
 
 
 def grade(submissions, output="grading", *, course=None, assignments=None, workers: int | None = None,
@@ -406,6 +413,7 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     for assignment, notebooks in releases.items():
         # with several assignments each student's notebooks must sit in a folder named for theirs
         class_ += collect(submissions, notebooks, assignment, own_folder_only=len(releases) > 1)
+    _enrol(s, class_)
     fingerprints = {assignment: grading_fingerprint(s, assignment) for assignment in releases}
     todo = []
     for submission in class_:
@@ -425,6 +433,18 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     report = Report.build(s, class_, releases, failures)
     report.write()
     return report
+
+
+def _enrol(s: Settings, class_: list[Submission]) -> None:
+    """Every student with a usable id in the gradebook, also one none of whose files could be graded: nbgrader adds
+    a student only as it grades a notebook, and the LMS export and formgrader list the gradebook's students."""
+    from nbgrader.api import Gradebook
+
+    students = sorted({sub.student for sub in class_
+                       if not any(status == "invalid" for status, _ in sub.problems.values())})
+    with Gradebook(s.db_url, s.course.course_id) as gradebook:
+        for student in students:
+            gradebook.update_or_create_student(student)
 
 
 def grading_fingerprint(s: Settings, assignment: str) -> str:
@@ -452,23 +472,41 @@ def record_done(s: Settings, sub: Submission, failed: dict[str, str], failures: 
 def _run(s: Settings, todo: list[Submission], progress: bool) -> dict[tuple[str, str], dict[str, str]]:
     """Grade ``todo`` in the local worker pool.
 
+    A worker that dies (the OOM killer) breaks the whole pool, and every job still in it with it: those are
+    graded again, each in a pool of its own, so that only the job that kills its worker loses its grading.
     Returns {(student, assignment): {notebook (or "*" for all): why nbgrader failed}}."""
     from tqdm import tqdm
 
-    failures = {}
+    failures: dict = {}
+    with tqdm(total=len(todo), desc="grading", unit="student", disable=not progress, file=sys.stderr) as bar:
+        broken = _run_in_pool(s, todo, s.workers, failures, bar)
+        for sub in broken:
+            _run_in_pool(s, [sub], 1, failures, bar, last_try=True)
+    return failures
+
+
+def _run_in_pool(s: Settings, todo: list[Submission], workers: int, failures: dict, bar,
+                 last_try: bool = False) -> list[Submission]:
+    """Grade ``todo`` in a pool of ``workers`` processes; returns the jobs lost to a broken pool (none if
+    ``last_try``: then they are failures)."""
+    broken = []
     # spawn: a fresh interpreter per worker, nothing inherited from the caller's state
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=s.workers, mp_context=context) as pool, \
-            tqdm(total=len(todo), desc="grading", unit="student", disable=not progress, file=sys.stderr) as bar:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         jobs = {pool.submit(_grade_student, s, sub.student, sub.assignment, sorted(sub.notebooks)): sub
                 for sub in todo}
         for job in as_completed(jobs):
             sub = jobs[job]
             try:
                 failed = job.result()["failed"]
-            except Exception as err:  # a worker that died: record it, keep grading the others
+            except BrokenProcessPool as err:
+                if not last_try:
+                    broken.append(sub)
+                    continue
+                failed = {"*": f"its grading process died ({err})"[-500:]}
+            except Exception as err:  # a job that raised: record it, keep grading the others
                 failed = {"*": repr(err)[-500:]}
             record_done(s, sub, failed, failures)
             bar.set_postfix_str(sub.student)
             bar.update()
-    return failures
+    return broken

@@ -651,12 +651,17 @@ def red_team() -> dict[str, dict[str, object]]:
     xss = filled(one)
     cell(xss, "slopes_12_answer").source = (
         "They share the first 8 slopes. <script>document.title='pwned-answer'</script>"
-        "<img src=x onerror=\"document.title='pwned-img'\">")
+        "<img src=x onerror=\"document.title='pwned-img'\"> See [the rubric](javascript:document.title='pwned-link').")
     s["rt-xss"] = {one: own_cell(xss, "paper_slopes", (
         "from IPython.display import HTML, Javascript, display\n"
         "display(HTML(\"<b onmouseover=\\\"document.title='pwned-b'\\\">hi</b>\"\n"
         "             \"<script>document.title='pwned'</script>\"))\n"
         "display(Javascript(\"document.title='pwned-js'\"))"))}
+    # runs the reference in another Python through _posixsubprocess, which raises no audit event
+    s["rt-posix"] = {one: filled(one, {"paper_slopes": [(
+        "    def geometric(n):",
+        "    import _posixsubprocess  # noqa: F401  (fork_exec: a process the guard never sees)\n\n"
+        "    def geometric(n):")]})}
     # prints every cell's source as it starts: the hidden tests' too
     s["rt-hidden-print"] = {one: own_cell(filled(one), "paper_slopes", (
         "def show(info):\n"
@@ -723,6 +728,10 @@ def red_team_files() -> None:
         for name in ("01_slopes_and_bias", "02_worked_example"):
             archive.writestr(zipfile.ZipInfo(f"rt-bomb/{name}.ipynb", (2026, 1, 1, 0, 0, 0)), bytes(130 * 2**20),
                              compress_type=zipfile.ZIP_DEFLATED)
+    # a notebook of 30 MB of empty objects ("[{},{},...]"), 100 KB zipped: parsed, about 24 times that in memory
+    with zipfile.ZipFile(OUT / "rt-objects.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(zipfile.ZipInfo("rt-objects/01_slopes_and_bias.ipynb", (2026, 1, 1, 0, 0, 0)),
+                         b"[" + b"{}," * 10_000_000 + b"{}]", compress_type=zipfile.ZIP_DEFLATED)
     # links to the instructor's solutions: a notebook, and the whole folder as a student
     linked = OUT / "rt-link" / "alibi"
     linked.mkdir(parents=True)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import outcomes
 
 COLUMNS = ["student", "assignment", "notebook", "score", "max_score", "status", "reason"]
 
@@ -145,5 +146,4 @@ def copy_feedback(output: Path, assignments: list[str]) -> None:
 
 
 def _state(output: Path, student: str, assignment: str, notebook: str) -> dict:
-    path = output / "state" / student / assignment / f"{notebook}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return outcomes.read(outcomes.outcome_path(output / "state", student, assignment, notebook))

@@ -43,6 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 from queue import Empty
 
+import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
@@ -111,6 +112,11 @@ def _traversable(folder: Path) -> None:
     """Let the sandbox's user reach ``folder`` (to bind it) without reading or writing it: mode 0711."""
     os.chmod(folder, stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH)
 
+
+# the largest message frame the grader accepts from a kernel (the checks' largest hands back 0.4 MB; a cell's kept
+# output is 2 MiB, an error about 160 KB), and how many it lets queue per channel
+MAX_MESSAGE_BYTES = 32 * 2**20
+QUEUED_MESSAGES = 64
 
 # a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
 _SCRATCH_NAME = re.compile(r"alibi-(student|kernel)-(?P<pid>\d+)-(?P<start>\d+)-[^/]+")
@@ -315,6 +321,11 @@ class SandboxedKernelManager(AsyncKernelManager):
                          transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
                          autorestart=False, client_class="autograder.sandbox.SandboxedKernelClient", **kwargs)
+        # what the grader takes from the kernel before reading it: no frame past MAX_MESSAGE_BYTES (zmq drops it,
+        # and the cell then runs out of time), and few queued (a kernel that sends faster than the grader reads
+        # has the rest of its output dropped, as past a cell's output budget)
+        self.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
 
     @property
     def kernel_spec(self) -> KernelSpec:

@@ -55,7 +55,8 @@ INSIDES = {"__globals__", "__code__", "__closure__", "__builtins__", "__subclass
 AROUND = {
     **dict.fromkeys(["importlib", "runpy", "pkgutil", "imp", "zipimport", "builtins"],
                     "reaches modules without an import statement"),
-    **dict.fromkeys(["threading", "_thread", "concurrent", "multiprocessing", "subprocess", "asyncio", "pty"],
+    **dict.fromkeys(["threading", "_thread", "concurrent", "multiprocessing", "subprocess", "_posixsubprocess",
+                     "asyncio", "pty"],
                     "runs code in another thread or process"),
     **dict.fromkeys(["gc", "ctypes"], "walks the interpreter's objects"),
 }

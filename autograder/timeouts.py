@@ -3,17 +3,17 @@ takes at that moment: a busy machine costs time, never points.
 
 Time limits stop runaway code, and they are wall-clock limits: on a machine with other work, honest code
 runs slower, and a limit that is generous when the machine is idle strikes it. So when a student's notebook
-ran out of time, the grader runs the instructor's source notebook (solutions and hidden tests) for it in the
-same sandbox, timing each cell, and grades the student's notebook once more with limits of at least
-``MARGIN`` times what the solution took just now: per cell, the solution's slowest cell, and for the whole
-notebook, the solution's total, never below the limits the grader was given. On an idle machine these are
-the limits given, and a notebook that loops runs out of time again; on a machine three times slower they
-are three times longer, and an honest notebook finishes. Only timeouts pay for this.
+ran out of time, the grader runs the instructor's source notebook (solutions and hidden tests) for it in a
+sandbox of its own once the student's is gone (nothing the student left running slows it), timing each cell,
+and grades the student's notebook once more with limits of at least ``MARGIN`` times what the solution took
+just now: per cell, the solution's slowest cell, and for the whole notebook, the solution's total; never below
+the limits the grader was given, nor above ``MOST`` times them. On an idle machine these are the limits given,
+and a notebook that loops runs out of time again; on a machine three times slower they are three times
+longer, and an honest notebook finishes. Only timeouts pay for this.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -24,9 +24,11 @@ import nbformat
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
+from . import outcomes
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
 
 MARGIN = 3  # the solution's time now, times this: what an honest answer may take
+MOST = 4  # and never more than this many times the limits given
 
 
 @dataclass(frozen=True)
@@ -61,25 +63,24 @@ def solution_seconds(source: Path, policy: SandboxPolicy, cell_timeout: int) -> 
 
 
 def scaled_limits(given: Limits, slowest_cell: float, total: float) -> Limits:
-    return Limits(cell=max(given.cell, math.ceil(MARGIN * slowest_cell)),
-                  notebook=max(given.notebook, math.ceil(MARGIN * total)))
+    def scaled(limit: int, seconds: float) -> int:
+        return min(MOST * limit, max(limit, math.ceil(MARGIN * seconds)))
+
+    return Limits(cell=scaled(given.cell, slowest_cell), notebook=scaled(given.notebook, total))
 
 
-def timed_out(state: Path) -> list[str]:
-    """The notebooks of one student's assignment whose outcome (in its state folder) is a timeout."""
-    names = []
-    for path in sorted(state.glob("*.json")):
-        if not path.name.startswith(".") and json.loads(path.read_text()).get("status") == "timeout":
-            names.append(path.stem)
-    return names
+def timed_out(folder: Path) -> list[str]:
+    """The notebooks of one student's assignment (its ``outcomes.assignment_dir``) that ran out of time."""
+    return [name for name in outcomes.notebooks(folder)
+            if outcomes.read(folder / f"{name}.json").get("status") == "timeout"]
 
 
 def note_retry(outcome_file: Path, limits: Limits) -> None:
     """Say in the notebook's outcome that it was graded again, and under which limits, where it then finished."""
-    outcome = json.loads(outcome_file.read_text())
-    if outcome.get("status") == "timeout":
+    outcome = outcomes.read(outcome_file)
+    if outcome.get("status") in (None, "timeout"):
         return
     note = (f"graded again on its own after running out of time on a busy machine (limits then: {limits.cell} s "
             f"per cell, {limits.notebook} s for the whole notebook)")
     outcome["reason"] = "; ".join(part for part in (note, outcome.get("reason", "")) if part)
-    outcome_file.write_text(json.dumps(outcome))
+    outcomes.write(outcome_file, outcome)

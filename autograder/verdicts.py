@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import ast
 import importlib
-import json
 from pathlib import Path
 
 from nbformat import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
+
+from . import outcomes
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
@@ -163,7 +164,6 @@ class RecordOutcome(NbGraderPreprocessor):
             if meta.get("grade") and cell.cell_type == "code" and errors:
                 message = " ".join(str(errors[0].get("evalue", "")).split())[:400]
                 failed[meta["grade_id"]] = f"{errors[0].ename}: {message}" if message else errors[0].ename
-        path = Path(self.state_dir) / ids["student"] / ids["assignment"] / f"{ids['notebook']}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**outcome, "failed": failed}))
+        path = outcomes.outcome_path(Path(self.state_dir), ids["student"], ids["assignment"], ids["notebook"])
+        outcomes.write(path, {**outcome, "failed": failed})
         return nb, resources

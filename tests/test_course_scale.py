@@ -324,7 +324,16 @@ def test_release_fetch_submit_collect_grade_feedback_export(tmp_path):
                 nbformat.write(tiny_course.answer(path, answers, written), path)
             tiny_course.nbgrader(home, "submit", assignment, env=env)
 
+    # bob puts a link to the instructor's source beside his submission in the exchange: collected, it would be
+    # the solutions' copy, read as the instructor
+    [inbound] = (exchange / tiny_course.COURSE_ID / "inbound").glob("bob+hw1+*")
+    (inbound / "stolen.ipynb").symlink_to(course / "source" / "hw1" / "squares.ipynb")
+    # and mallory's whole submission is a link to the source folder
+    (inbound.parent / inbound.name.replace("bob+", "mallory+")).symlink_to(course / "source" / "hw1")
     assert main(["collect", "--course", str(course)]) == 0
+    assert not (course / "submitted" / "bob" / "hw1" / "stolen.ipynb").exists(), "a link in the inbound was followed"
+    assert not (course / "submitted" / "mallory" / "hw1").exists(), "a submission that is a link was followed"
+    shutil.rmtree(course / "submitted" / "mallory")  # the empty folder nbgrader's collect made for it
     assert sorted(p.name for p in (course / "submitted").iterdir()) == ["alice", "bob"]
     out = tmp_path / "out"
     assert main(["grade", str(course / "submitted"), "--course", str(course), "--output", str(out), "--no-progress",
