@@ -1,4 +1,6 @@
-"""The kernel zygote, run inside a student's sandbox as ``python -c <this file> [MODULE ...]``.
+"""The kernel zygote, run inside a student's sandbox as ``python -c <this file> NAME,... [MODULE ...]``.
+
+NAME,...: the environment variables a spawn request may set in a kernel (its own folders, the grading mode).
 
 It imports the kernel (ipykernel, IPython) and the heavy modules the course's notebooks use once,
 says ``{"ready": true}``, then serves the grader's requests on its standard input and output, one
@@ -23,15 +25,13 @@ import os
 import sys
 
 PR_SET_DUMPABLE = 4
-# what a request may set in a kernel's environment: its own folders, and the grading mode
-KERNEL_ENV = {"HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", "ALIBI_COURSE_GRADING"}
 
 
 def _dumpable(flag: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, flag, 0, 0, 0)
 
 
-def _serve(preload: list[str]) -> None:
+def _serve(settable: set[str], preload: list[str]) -> None:
     # the grader's pipes, kept away from what the imports and the kernels print: fds 0 and 1 become /dev/null and
     # the log, and every fork closes these two
     requests, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
@@ -55,7 +55,7 @@ def _serve(preload: list[str]) -> None:
             if pid == 0:
                 requests.close()
                 replies.close()
-                _become_kernel(request)
+                _become_kernel(request, settable)
             reply = {"pid": pid}
         elif request["op"] == "poll":
             reply = {"exit": _poll(request["pid"], exits)}
@@ -84,13 +84,13 @@ def _poll(pid: int, exits: dict[int, int]):
     return exits[pid]
 
 
-def _become_kernel(request: dict) -> None:
+def _become_kernel(request: dict, settable: set[str]) -> None:
     try:
         os.setsid()
         _dumpable(1)  # the kernel's own /proc entries are its own again (the zygote's stay closed)
         os.chdir(request["cwd"])
         env = request.pop("env", {})
-        os.environ.update({name: value for name, value in env.items() if name in KERNEL_ENV})
+        os.environ.update({name: value for name, value in env.items() if name in settable})
         env.clear()  # the grader's secret among them: the checks' hook takes it out of os.environ, and no frame
         # down the kernel's stack (this one) keeps a copy
         # as a kernel started on its own: its chatter on stdout dropped, stderr kept for when it dies
@@ -108,4 +108,4 @@ def _become_kernel(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1:])
+    _serve(set(sys.argv[1].split(",")), sys.argv[2:])

@@ -242,8 +242,9 @@ def _exchange_files(folder: Path, assignment: str) -> dict[str, bytes]:
     found = {}
     for name in EXCHANGE_FILES:
         for path in sorted(folder.rglob(name)):
-            if assignment and path.parent.name == assignment and _is_regular(path) and path.stat().st_size < 4096:
-                found.setdefault(name, read_regular(path, 4096))
+            if assignment and path.parent.name == assignment and name not in found:
+                with contextlib.suppress(OSError):  # a link, a FIFO, or 4 KB or more: not nbgrader's
+                    found[name] = read_regular(path, 4095)
     return found
 
 
@@ -654,7 +655,8 @@ def collect(folder: Path, notebooks: dict[str, Path], assignment: str = "", *,
         try:
             _read_submission(submission, entry, others, releases, own_folder_only)
         except Exception as err:  # whatever a student's files do to the reading, it costs that student alone
-            why = (f"nested deeper than grading reads ({type(err).__name__})" if isinstance(err, RecursionError)
+            why = (str(err) if isinstance(err, (zipfile.BadZipFile, OSError))
+                   else f"nested deeper than grading reads ({type(err).__name__})" if isinstance(err, RecursionError)
                    else f"{type(err).__name__}: {err}")
             submission.notebooks.clear()
             for name in releases:
@@ -672,20 +674,15 @@ def _read_submission(submission: Submission, entry: Path, others: list[str], rel
         for name in releases:
             submission.problems[name] = ("invalid", f"{entry.name!r} is not a usable student id")
         return
-    try:
-        if entry.suffix == ".zip":
-            files, modules = _files_of_zip(entry, assignment, own_folder_only)
-        elif entry.is_dir():
-            files, modules = _files_of_folder(entry, assignment, own_folder_only)
-            submission.files = _exchange_files(entry, assignment)
-        else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
-            files, modules = {entry.stem: read_regular(entry, MAX_READ_BYTES)}, {}
-        submission.files.update({f"{MODULES}/{name}.py": source for name, source in modules.items()
-                                 if isinstance(source, bytes)})
-    except (zipfile.BadZipFile, OSError) as err:
-        for name in releases:
-            submission.problems[name] = ("unreadable", f"cannot read {entry.name}: {err}")
-        return
+    if entry.suffix == ".zip":
+        files, modules = _files_of_zip(entry, assignment, own_folder_only)
+    elif entry.is_dir():
+        files, modules = _files_of_folder(entry, assignment, own_folder_only)
+        submission.files = _exchange_files(entry, assignment)
+    else:  # one notebook, named for the student: which of the assignment's it is, its grade ids say
+        files, modules = {entry.stem: read_regular(entry, MAX_READ_BYTES)}, {}
+    submission.files.update({f"{MODULES}/{name}.py": source for name, source in modules.items()
+                             if isinstance(source, bytes)})
     renamed = _renamed(files, releases)
     # a checkpoint left over beside its notebook is no notebook handed in in its own right
     unused = sorted(stem for stem in set(files) - set(releases) - set(renamed.values()) if not _is_checkpoint(stem))

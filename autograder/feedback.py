@@ -5,7 +5,7 @@ the error's name and message); and no HTML of a student's that could run in a br
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors.sanitize import SanitizeHTML
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Bool, Unicode
+from traitlets import Any, Bool, List, Unicode
 
 
 class ScrubHiddenTestTracebacks(NbGraderPreprocessor):
@@ -19,6 +19,15 @@ class ScrubHiddenTestTracebacks(NbGraderPreprocessor):
         return cell, resources
 
 
+# what bleach keeps of HTML in outputs, written answers and the course's text: its own safe tags, the course's hints
+# (<details>), and layout; never a script, a handler or a style
+SAFE_TAGS = sorted({"a", "abbr", "acronym", "b", "blockquote", "br", "code", "details", "div", "em", "h1", "h2", "h3",
+                    "h4", "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "span", "strong", "sub",
+                    "summary", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"})
+SAFE_ATTRIBUTES = {"a": ["href", "title"], "abbr": ["title"], "acronym": ["title"],
+                   "img": ["src", "alt", "width", "height"], "td": ["colspan", "rowspan"], "th": ["colspan", "rowspan"]}
+
+
 class SanitizeStudentHTML(SanitizeHTML):
     """nbconvert's SanitizeHTML (bleach) over what a student wrote or made: every code cell's outputs, and the
     markdown and raw cells that are not the course's locked ones (which nbgrader restores from its gradebook, and
@@ -29,6 +38,8 @@ class SanitizeStudentHTML(SanitizeHTML):
 
     enabled = Bool(True, help="nbconvert's preprocessors are off unless enabled; this one is the grader's").tag(
         config=True)
+    tags = List(Unicode(), default_value=SAFE_TAGS, help="HTML tags kept").tag(config=True)
+    attributes = Any(default_value=SAFE_ATTRIBUTES, help="HTML attributes kept, by tag").tag(config=True)
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code" and cell.metadata.get("nbgrader", {}).get("locked"):

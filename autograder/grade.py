@@ -41,16 +41,6 @@ from .sandbox import SandboxPolicy, warn_if_unsandboxed
 WARNING_PATTERN = r"\w*Warning: "
 
 
-# what bleach (through nbconvert's SanitizeHTML) keeps of HTML in outputs, written answers and the course's text:
-# its own safe tags, the course's hints (<details>), and layout; never a script, a handler or a style
-SAFE_TAGS = sorted({"a", "abbr", "acronym", "b", "blockquote", "br", "code", "details", "div", "em", "h1", "h2", "h3",
-                    "h4", "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "span", "strong", "sub",
-                    "summary", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"})
-SAFE_ATTRIBUTES = {"a": ["href", "title"], "abbr": ["title"], "acronym": ["title"], "img": ["src", "alt", "width",
-                                                                                           "height"],
-                   "td": ["colspan", "rowspan"], "th": ["colspan", "rowspan"]}
-
-
 @dataclass(frozen=True)
 class Settings:
     output: Path
@@ -62,6 +52,11 @@ class Settings:
     sandbox: bool
     course: Course
     compile_cache: Path | None = None  # where JAX's compilation caches are kept (default: machine_compile_cache)
+
+    @property
+    def policy(self) -> SandboxPolicy:
+        """The sandbox of the kernels the grader runs besides the students' (the solutions, timed or caching)."""
+        return SandboxPolicy(memory_bytes=self.memory_bytes, use_bwrap=self.sandbox)
 
 
 def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
@@ -108,8 +103,6 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
         "nbgrader.preprocessors.ClearMarkScheme",  # the rubrics are for the grader (formgrader shows them)
         "autograder.feedback.SanitizeStudentHTML",  # a student's HTML never runs in anyone's browser
     ]
-    c.SanitizeStudentHTML.tags = SAFE_TAGS
-    c.SanitizeStudentHTML.attributes = SAFE_ATTRIBUTES
     return c
 
 
@@ -283,10 +276,9 @@ def _prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> No
         jax = version("jaxlib")
     except PackageNotFoundError:
         return
-    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
     source = s.output / "course" / "source" / assignment
     _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax,
-                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment, policy, s.cell_timeout))
+                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment, s.policy, s.cell_timeout))
 
 
 def _grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,
@@ -338,12 +330,10 @@ def _grade_timeouts_again(s: Settings, student: str, assignment: str, failed: di
     what the instructor's solution takes now (timeouts.py)."""
     from . import timeouts
 
-    state = _state_dir(s, student, assignment)
-    policy = SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox)
-    for name in timeouts.timed_out(state):
+    for name in timeouts.timed_out(_state_dir(s, student, assignment)):
         source = s.output / "course" / "source" / assignment / f"{name}.ipynb"
         limits = timeouts.scaled_limits(timeouts.Limits(s.cell_timeout, s.timeout),
-                                        *timeouts.solution_seconds(source, policy, s.cell_timeout))
+                                        *timeouts.solution_seconds(source, s.policy, s.cell_timeout))
         again = _api(s, name, limits=limits).autograde(assignment, student, force=True, create=True)
         if not again["success"]:
             failed[name] = _last_words(again)

@@ -40,6 +40,8 @@ from .cgroup import SandboxCgroup
 from .sandbox import SandboxPolicy, hand_over, kernel_env, new_scratch, sandbox_prefix, sandbox_user
 
 SERVER = Path(__file__).with_name("_zygote_server.py")
+# what of a kernel's environment is its own notebook's (kernel_env): all a spawn request may set in a fork
+PER_NOTEBOOK = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", GRADING_ENV)
 START_TIMEOUT = 120  # seconds for the zygote's imports (torch on a loaded machine: a few)
 
 
@@ -61,7 +63,7 @@ class Zygote:
         home.mkdir()
         hand_over(home, self.uid)
         cmd = [*sandbox_prefix(policy, self.root, self.uid, self.cgroup), sys.executable, "-c", SERVER.read_text(),
-               *preload]
+               ",".join(PER_NOTEBOOK), *preload]
         # the zygote's log, outside the sandbox: nothing of the student's can stand in its place
         self._log = tempfile.TemporaryFile()
         # the zygote grades nothing: GRADING_ENV goes to each kernel (the checks' audit hook, imported
@@ -106,8 +108,7 @@ class Zygote:
 
     def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> int:
         # a kernel of its own would get kernel_env(scratch, secret); what of it is per notebook, this one gets too
-        per_notebook = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", GRADING_ENV)
-        env = {name: kernel_env(scratch, secret)[name] for name in per_notebook}
+        env = {name: kernel_env(scratch, secret)[name] for name in PER_NOTEBOOK}
         return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                             log=str(scratch / "kernel.log"), env=env)["pid"]
 
