@@ -112,8 +112,12 @@ class SandboxedExecute(Execute):
     kept_whole = List(Unicode(), [CHECK_MIME], help="MIME types of the values a course's checks hand back: "
                                                    "kept up to check_output_limit, since a verdict reads them"
                       ).tag(config=True)
-    check_output_limit = Integer(64 * 2**20, help="Bytes of kept_whole outputs a cell keeps (the course's "
-                                                  "largest check hands back 0.4 MB)").tag(config=True)
+    check_output_limit = Integer(64 * 2**20, help="Bytes of kept_whole outputs a cell keeps, and the whole "
+                                                  "notebook (the course's largest check hands back 0.4 MB)"
+                                 ).tag(config=True)
+    notebook_output_limit = Integer(32 * 2**20, help="Bytes of output (as output_limit counts them) all the cells "
+                                                     "of a notebook keep together: a thousand cells each within "
+                                                     "its own budget would still fill the grader").tag(config=True)
 
     def create_kernel_manager(self):
         secret = Path(self.hidden_cases_key).read_text().strip() if self.hidden_cases_key else ""
@@ -151,7 +155,7 @@ class SandboxedExecute(Execute):
         status, reason, stopped_at = "graded", "", None
         NotebookClient.__init__(self, nb, None)
         self.reset_execution_trackers()
-        self._output_bytes, self._left_out, self._sandboxed = {}, {}, None
+        self._output_bytes, self._kept_bytes, self._left_out, self._sandboxed = {}, {}, {}, None
         self._check_assign_resources(resources)
         try:
             status, reason, stopped_at = self._run_cells(resources, start + self.notebook_timeout)
@@ -238,10 +242,14 @@ class SandboxedExecute(Execute):
         checked = any(mime in data for mime in self.kept_whole)
         size = len(content.get("text", "")) + sum(len(v) if isinstance(v, str) else len(json.dumps(v))
                                                   for v in data.values())
-        limit = self.check_output_limit if checked else self.output_limit
         used = self._output_bytes.get((cell_index, checked), 0)
+        # the cell's budget, within what the notebook's other cells kept of theirs (a cleared cell's no longer counts)
+        others = sum(v for (at, whole), v in self._kept_bytes.items() if whole == checked and at != cell_index)
+        notebook_limit = self.check_output_limit if checked else self.notebook_output_limit
+        limit = min(self.check_output_limit if checked else self.output_limit, max(0, notebook_limit - others))
         self._output_bytes[cell_index, checked] = used + size
         if used + size <= limit:
+            self._kept_bytes[cell_index, checked] = self._kept_bytes.get((cell_index, checked), 0) + size
             return super().output(outs, msg, display_id, cell_index)
         name = content.get("name") if kind == "stream" else "stdout"
         left_out = self._left_out.setdefault((cell_index, name), [0, None])
@@ -249,6 +257,7 @@ class SandboxedExecute(Execute):
         if kind == "stream" and used < limit:  # a stream's text up to the limit is kept: one print can be MBs
             kept = content["text"][:limit - used]
             left_out[0] -= len(kept)
+            self._kept_bytes[cell_index, checked] = self._kept_bytes.get((cell_index, checked), 0) + len(kept)
             super().output(outs, {**msg, "content": {**content, "text": kept}}, display_id, cell_index)
         # the rest: one note per stream (stderr's own, so a cell whose stderr fails it still fails)
         note, at = left_out[1] or (None, 0)
@@ -286,6 +295,7 @@ class SandboxedExecute(Execute):
         """A cleared cell starts its budget again: a progress display that redraws itself keeps its last."""
         for checked in (False, True):
             self._output_bytes.pop((cell_index, checked), None)
+            self._kept_bytes.pop((cell_index, checked), None)
         return super().clear_output(outs, msg, cell_index)
 
     def _watch_for_exit(self, cell, cell_index, execute_reply) -> None:

@@ -570,7 +570,8 @@ def a_compiled_reference() -> dict:
 def own_cell(nb, before: str, source: str):
     """``nb`` with a code cell of the student's own (no grading metadata) before the cell ``before``."""
     at = nb.cells.index(cell(nb, before))
-    nb.cells.insert(at, nbformat.v4.new_code_cell(source))
+    mine = sum(c.get("id", "").startswith("own-") for c in nb.cells)  # ids fixed, so the class is made the same
+    nb.cells.insert(at, nbformat.v4.new_code_cell(source, id=f"own-{mine}"))
     return nb
 
 
@@ -672,6 +673,11 @@ def red_team() -> dict[str, dict[str, object]]:
     for n in range(3):
         own_cell(big, "paper_slopes", f"raise ValueError('{n}' * 20_000_000)")
     s["rt-big-errors"] = {one: big}
+    # sixty cells of its own, each printing just under a cell's 2 MiB: the notebook's budget keeps 32 MiB of them
+    many = filled(one)
+    for _ in range(60):
+        own_cell(many, "paper_slopes", "print('x' * 1_900_000)")
+    s["rt-many-cells"] = {one: many}
     # a FIFO where the grader reads the kernel's last words, then the kernel ends itself: the grader must not block
     s["rt-fifo-log"] = {one: own_cell(filled(one), "readonly-12", (
         "import os\n"

@@ -14,13 +14,13 @@ writes may grow past RLIMIT_FSIZE, and its scratch folder (on the grader's own d
 at while a cell runs: past its size or file count the kernel is stopped.
 
 What it may do is bounded by who it is, not only by what it sees. Where the grader is root, bwrap
-itself starts as a user of the sandbox's own (a uid no account and no file of the machine has,
-``sandbox_user``), so everything in the sandbox is an unprivileged user with no capability in
-any namespace (``--cap-drop ALL`` as well): it cannot remount a read-only bind, and RLIMIT_NPROC
-bounds its processes and threads. Its folders are handed to that user only once the grader has
-written all it writes there (``hand_over``), so a file the student's code plants cannot redirect
-a write of the grader's. A cgroup per sandbox bounds the memory of all its processes together
-(``cgroup.py``), where the grader may make one.
+starts without a user namespace and keeps only the capabilities to change user, and ``setpriv``
+then makes everything in the sandbox a user of its own (a uid no account and no file of the
+machine has, ``sandbox_user``) with no capability left, even in the bounding set: it cannot
+remount a read-only bind, and RLIMIT_NPROC bounds its processes and threads. Its folders are
+handed to that user only once the grader has written all it writes there (``hand_over``), so a
+file the student's code plants cannot redirect a write of the grader's. A cgroup per sandbox
+bounds the memory of all its processes together (``cgroup.py``), where the grader may make one.
 
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
@@ -43,7 +43,6 @@ from functools import lru_cache
 from pathlib import Path
 from queue import Empty
 
-import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
@@ -113,11 +112,6 @@ def _traversable(folder: Path) -> None:
     os.chmod(folder, stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH)
 
 
-# the largest message frame the grader accepts from a kernel (the checks' largest hands back 0.4 MB; a cell's kept
-# output is 2 MiB, an error about 160 KB), and how many it lets queue per channel
-MAX_MESSAGE_BYTES = 32 * 2**20
-QUEUED_MESSAGES = 64
-
 # a scratch folder's name carries the process that made it: alibi-KIND-PID-STARTTIME-random
 _SCRATCH_NAME = re.compile(r"alibi-(student|kernel)-(?P<pid>\d+)-(?P<start>\d+)-[^/]+")
 
@@ -133,8 +127,9 @@ def _process_tag(pid: int) -> str | None:
 
 
 def new_scratch(kind: str) -> Path:
-    """A private folder (0700) for a student's sandbox or one kernel, named for the process that made
-    it, after removing what graders killed before they could clean up left behind (``sweep_scratch``)."""
+    """A folder of the grader's (0711: the sandbox's user may pass through it, not list or write it) for a
+    student's sandbox or one kernel, named for the process that made it, after removing what graders killed
+    before they could clean up left behind (``sweep_scratch``)."""
     sweep_scratch()
     folder = Path(tempfile.mkdtemp(prefix=f"alibi-{kind}-{_process_tag(os.getpid())}-"))
     _traversable(folder)
@@ -321,11 +316,6 @@ class SandboxedKernelManager(AsyncKernelManager):
                          transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
                          autorestart=False, client_class="autograder.sandbox.SandboxedKernelClient", **kwargs)
-        # what the grader takes from the kernel before reading it: no frame past MAX_MESSAGE_BYTES (zmq drops it,
-        # and the cell then runs out of time), and few queued (a kernel that sends faster than the grader reads
-        # has the rest of its output dropped, as past a cell's output budget)
-        self.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self.context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
 
     @property
     def kernel_spec(self) -> KernelSpec:

@@ -211,6 +211,8 @@ def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_
     # outputs keep a bounded part of each error: three of 20 MB left a notebook of kilobytes
     big = out / "course" / "autograded" / "rt-big-errors" / "alibi" / "01_slopes_and_bias.ipynb"
     assert big.stat().st_size < 2**20
+    many = out / "course" / "autograded" / "rt-many-cells" / "alibi" / "01_slopes_and_bias.ipynb"
+    assert 30 * 2**20 < many.stat().st_size < 40 * 2**20, "the notebook keeps its 32 MiB of output, no more"
     # no script of a student's runs in the feedback or in the notebook formgrader shows: kept as text at most (the
     # student's code is shown, escaped, as code)
     live = re.compile(r"<script|<[^>]*\bon\w+\s*=|href=\"javascript:|application/javascript", re.IGNORECASE)
