@@ -100,6 +100,8 @@ def cmd_extrapolate(args) -> None:
 
     device = resolve_device(args.device) or "cpu"
     settings = replace(QUICK if args.quick else DEFAULT, device=str(device))
+    if args.steps is not None:
+        settings = replace(settings, steps=args.steps)
     results = run(settings, methods=args.methods or METHODS, output=args.output)
     print(table(results))
     print(f"\nwritten to {args.output}/: results.json, extrapolation.png")
@@ -163,6 +165,8 @@ def main(argv=None) -> None:
     p = sub.add_parser("extrapolate", help="train short, test long: ALiBi against other position methods")
     device_option(p, "the CPU")
     p.add_argument("--quick", action="store_true", help="a short run (about a minute on 2 cores), for CI")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training steps per model (default 1100; 200 with --quick)")
     p.add_argument("--output", type=Path, default=Path("extrapolation"), help="where results.json and the plot go")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help="alibi, sinusoidal, rotary, none, learned (default: all)")

@@ -117,7 +117,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert reasons["ada", "03_slope_zero"] == ""
     assert reasons["ben", "03_slope_zero"] == "no such notebook was submitted"
     # the first cell that ran out of time, named the same whichever limit struck it (the load decides which)
-    limits = "ran past its time limit and was interrupted (limits: 20 s per cell, 60 s for the whole notebook)"
+    limits = (f"ran past its time limit and was interrupted (limits: {FAST['cell_timeout']} s per cell, "
+              f"{FAST['timeout']} s for the whole notebook)")
     assert reasons["ivy", "05_schedules"] == f"cell 4 {limits}"
     assert reasons["jay", "03_slope_zero"] == f"cell 5 {limits}"
     # ivy's loop prints as it goes: what it printed past the cell's budget is left out, and the page says so
@@ -1044,24 +1045,6 @@ def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
     rows = {r["notebook"]: r for r in _rows(tmp_path / "out" / "grades.csv")}
     assert (float(rows["03_slope_zero"]["score"]), rows["03_slope_zero"]["status"]) == (3.0, "graded")
     assert report.totals()["solo"] == 3.0
-
-
-def test_a_postgresql_gradebook_gives_the_same_grades(graded_sample_class, postgres_url, tmp_path):
-    """Some of the sample class graded into a real PostgreSQL server: every score, status and reason as on sqlite."""
-    import sqlalchemy as sa
-
-    sqlite_out, _, _ = graded_sample_class
-    chosen = ["ada", "eve", "sam", "uma"]
-    for student in chosen:
-        shutil.copytree(SAMPLE / "submissions" / student, tmp_path / "class" / student)
-    grade(tmp_path / "class", tmp_path / "out", db=postgres_url, **FAST)
-    on_sqlite = {(r["student"], r["notebook"]): r for r in _rows(sqlite_out / "grades.csv") if r["student"] in chosen}
-    on_postgres = {(r["student"], r["notebook"]): r for r in _rows(tmp_path / "out" / "grades.csv")}
-    assert on_postgres == on_sqlite
-    with sa.create_engine(postgres_url).connect() as db:  # the grades live in the server, not in a file
-        points = db.execute(sa.text("select sum(auto_score) from grade")).scalar()
-    assert points == sum(float(r["score"]) for r in on_postgres.values()) > 0
-    assert not (tmp_path / "out" / "gradebook.db").exists()
 
 
 def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_class, tmp_path):

@@ -141,6 +141,21 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path):
     assert _scores(tmp_path / "out2" / "grades.csv") == alone
 
 
+def test_a_postgresql_gradebook_gives_the_same_grades(postgres_url, tmp_path):
+    """The tiny class graded by the local pool (two workers writing at once) into a real PostgreSQL server: what
+    it gets on sqlite, and the grades live in the server, not in a file."""
+    import sqlalchemy as sa
+
+    course = tiny_course.build(tmp_path / "tiny")
+    expected = _tiny_class(course, tmp_path / "subs")
+    grade(tmp_path / "subs", tmp_path / "out", course=course, db=postgres_url, **FAST)
+    assert _scores(tmp_path / "out" / "grades.csv") == expected
+    with sa.create_engine(postgres_url).connect() as db:
+        points = db.execute(sa.text("select sum(auto_score) from grade")).scalar()
+    assert points == sum(score for score, _ in expected.values()) > 0
+    assert not (tmp_path / "out" / "gradebook.db").exists()
+
+
 def test_a_course_that_is_not_there_says_what_was_expected(tmp_path):
     from autograder.course import Course
 
@@ -198,6 +213,15 @@ def dask_cluster(tmp_path):
             proc.wait()
 
 
+# the note on a notebook graded again after a busy machine ran it out of time (timeouts.note_retry): which
+# notebooks the load pushed past their limits differs from run to run, their grades do not
+RETRY_NOTE = re.compile(r"graded again on its own after running out of time on a busy machine \([^)]*\)(; )?")
+
+
+def _without_retry_notes(rows: list[dict]) -> list[dict]:
+    return [{**row, "reason": RETRY_NOTE.sub("", row["reason"])} for row in rows]
+
+
 # graded, crashed, timed out (the loop that swallows the interrupt), unreadable in a zip, flagged with a
 # module handed in beside the notebook, test cells deleted, grading metadata lost, and a JAX notebook
 DASK_STUDENTS = ("sam", "hal", "jay", "lou", "ora", "tia", "uma")
@@ -231,7 +255,7 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
     (out / "state").mkdir(parents=True)
     shutil.copy(local_out / "state" / "hidden-cases.key", out / "state" / "hidden-cases.key")
     grade(submissions, out, db=url, scheduler=address, **FAST)
-    assert _rows(out / "grades.csv") == local_rows
+    assert _without_retry_notes(_rows(out / "grades.csv")) == _without_retry_notes(local_rows)
     # nbgrader's own export of the gradebook agrees too, and the feedback pages are there
     by_student = lambda rows: sorted(rows, key=lambda r: r["student_id"])  # noqa: E731
     assert by_student(_rows(out / "nbgrader_grades.csv")) == by_student(
