@@ -12,13 +12,19 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: demo test lint release lab clean
 
-# the main job: regenerate the student release, then grade the sample class end to end
+# the students of the sample class that show every status and the classic mistakes: full marks, four classic
+# mistakes, a crash, a loop past its time limit, an unreadable zip, a flagged answer (`make test` grades all of them)
+DEMO_STUDENTS := ada cy dee eve fay gus hal jay lou ora
+
+# the main job: regenerate the student release, then grade those students end to end
 demo: $(STAMP) $(SYSTEM) $(KERNEL)
 	$(PY) -m nbgrader generate_assignment alibi --force --log-level=WARN
-	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 20 --timeout 60
+	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 10 --timeout 30 \
+		$(DEMO_STUDENTS:%=--student %)
 
+# two pytest-xdist workers: the tests that read the graded sample class share one (tests/conftest.py)
 test: $(STAMP) $(SYSTEM) $(KERNEL) lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
                         "notebooks per assignment (default: this repository's ALiBi course)")
     p.add_argument("--assignment", action="append", default=None, metavar="NAME",
                    help="an assignment to grade; repeat for several (default: every assignment of the course)")
+    p.add_argument("--student", action="append", default=None, metavar="ID",
+                   help="grade this student only; repeat for several (default: every student in SUBMISSIONS)")
     p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
                    help="fan the grading out over this Dask scheduler's workers (default: a local process pool)")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: one per CPU core)")
@@ -73,9 +75,14 @@ def main(argv=None) -> int:
         course = Course.find(args.course, args.assignment)
     except FileNotFoundError as err:
         parser.error(str(err))
-    report = grade(args.submissions, args.output, course=course, workers=args.workers, timeout=args.timeout,
-                   cell_timeout=args.cell_timeout, memory_gib=args.memory, db=args.db,
-                   sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress)
+    from .grade import StudentsNotFound
+
+    try:
+        report = grade(args.submissions, args.output, course=course, students=args.student, workers=args.workers,
+                       timeout=args.timeout, cell_timeout=args.cell_timeout, memory_gib=args.memory, db=args.db,
+                       sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress)
+    except StudentsNotFound as err:
+        parser.error(str(err))
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
     return 0

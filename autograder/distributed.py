@@ -224,5 +224,5 @@ def _require_sandbox_slots(client) -> None:
     workers = client.scheduler_info()["workers"].values()
     if not any(w.get("resources", {}).get("sandbox", 0) >= 1 for w in workers):
         raise RuntimeError("no Dask worker offers the 'sandbox' resource, so no task could start: start workers with "
-                           "`dask worker SCHEDULER --nthreads 1 --resources sandbox=1` (see the README)")
+                           "`dask worker SCHEDULER --nthreads 1 --resources sandbox=1` (docs/deploying.md)")
 

@@ -375,13 +375,14 @@ def _state_dir(s: Settings, student: str, assignment: str) -> Path:
     return outcomes.assignment_dir(s.output / "state", student, assignment)
 
 
-def grade(submissions, output="grading", *, course=None, assignments=None, workers: int | None = None,
+def grade(submissions, output="grading", *, course=None, assignments=None, students=None, workers: int | None = None,
           timeout: int = 120, cell_timeout: int = 60, memory_gib: float = 3.0, db: str | None = None,
           sandbox: bool = True, scheduler: str | None = None, progress: bool = True):
     """Grade every submission in ``submissions``; returns the Report (also written to ``output``).
 
     ``course``: a Course, or the folder ``Course.find`` takes (default: this repository's course);
-    ``assignments``: which of its assignments (default: all). ``scheduler``: a Dask scheduler's
+    ``assignments``: which of its assignments (default: all); ``students``: which student ids among the
+    submissions (default: all; one that is not there raises StudentsNotFound). ``scheduler``: a Dask scheduler's
     address to fan the jobs out to (default: a local pool of ``workers`` processes).
     """
     from .report import Report
@@ -403,6 +404,8 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     for assignment, notebooks in releases.items():
         # with several assignments each student's notebooks must sit in a folder named for theirs
         class_ += collect(submissions, notebooks, assignment, own_folder_only=len(releases) > 1)
+    if students is not None:
+        class_ = _only(class_, set(students), submissions)
     _enrol(s, class_)
     fingerprints = {assignment: grading_fingerprint(s, assignment) for assignment in releases}
     todo = []
@@ -423,6 +426,19 @@ def grade(submissions, output="grading", *, course=None, assignments=None, worke
     report = Report.build(s, class_, releases, failures)
     report.write()
     return report
+
+
+class StudentsNotFound(ValueError):
+    """Students asked for by id who handed nothing in."""
+
+
+def _only(class_: list[Submission], students: set[str], submissions: Path) -> list[Submission]:
+    """The submissions of ``students``; StudentsNotFound naming any of them that handed nothing in."""
+    absent = students - {sub.student for sub in class_}
+    if absent:
+        raise StudentsNotFound(f"no submission from {', '.join(sorted(absent))} in {submissions} (expected a folder or "
+                         "zip named for each student asked for)")
+    return [sub for sub in class_ if sub.student in students]
 
 
 def _enrol(s: Settings, class_: list[Submission]) -> None:

@@ -93,7 +93,7 @@ def test_a_students_scripts_and_packages_run_and_the_assignments_own_files_win(t
 
 
 @needs_bwrap
-def test_any_nbgrader_course_with_several_assignments(tmp_path):
+def test_any_nbgrader_course_with_several_assignments(tmp_path, capsys):
     course = tiny_course.build(tmp_path / "tiny")
     expected = _tiny_class(course, tmp_path / "subs")
     out = tmp_path / "out"
@@ -134,11 +134,21 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path):
     # and a longer time limit grades everyone again
     grade(tmp_path / "subs", out, course=course, **{**FAST, "cell_timeout": FAST["cell_timeout"] + 1})
     assert all(p.stat().st_mtime_ns != after[p] for p in after)
-    # one assignment alone, chosen by name: then notebooks outside a folder named for it count too
-    only = grade(tmp_path / "subs", tmp_path / "out2", course=course, assignments=["hw2"], **FAST)
+    # one assignment and two students alone, chosen by name: then notebooks outside a folder named for the
+    # assignment count too
+    only = grade(tmp_path / "subs", tmp_path / "out2", course=course, assignments=["hw2"], students=["flat", "good"],
+                 **FAST)
     assert {r["assignment"] for r in only.rows} == {"hw2"}
-    alone = {k: v for k, v in expected.items() if k[1] == "hw2"} | {("flat", "hw2", "words"): (3.0, "graded")}
-    assert _scores(tmp_path / "out2" / "grades.csv") == alone
+    assert _scores(tmp_path / "out2" / "grades.csv") == {("good", "hw2", "words"): (3.0, "graded"),
+                                                          ("flat", "hw2", "words"): (3.0, "graded")}
+    # a student who handed nothing in is named before anything is graded
+    from autograder.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["grade", str(tmp_path / "subs"), "--output", str(tmp_path / "out3"), "--course", str(course),
+              "--student", "good", "--student", "nobody"])
+    assert "no submission from nobody in" in capsys.readouterr().err
+    assert not list((tmp_path / "out3").glob("state/*/*/done.sha256")), "nobody graded"
 
 
 def test_a_postgresql_gradebook_gives_the_same_grades(postgres_url, tmp_path):

@@ -21,8 +21,10 @@ def python_blocks(page: Path) -> list[tuple[int, str]]:
 EXAMPLES = [pytest.param(code, id=f"{page.name}:{line}") for page in PAGES for line, code in python_blocks(page)]
 
 
-def test_the_readme_has_examples_to_run():
+def test_the_readme_has_examples_to_run_and_stays_a_guide():
     assert len(EXAMPLES) >= 2, "the README's Python examples were not found: the pattern no longer matches them"
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12 * 1024, f"README.md is {size} bytes: at most 12 KiB, the details in docs/"
 
 
 @pytest.mark.parametrize("code", EXAMPLES)

@@ -102,7 +102,7 @@ def test_quick_command_runs_end_to_end(tmp_path):
 
 
 def test_bundled_default_run_shows_what_the_readme_says():
-    """The bundled results.json (the default run) holds the paper's shape, as the README reports it."""
+    """The bundled results.json (the default run) holds the paper's shape, as docs/extrapolation.md reports it."""
     results = json.loads(BUNDLED.read_text())
     ppl, L = results["perplexity"], results["settings"]["context"]
     assert results["settings"]["steps"] > QUICK.steps, "the bundled results must come from the default run"
