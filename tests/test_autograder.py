@@ -635,7 +635,7 @@ def test_a_pasted_copy_of_an_answer_cell_left_as_released_does_not_replace_the_a
     released, ran after it and replaced it (4 of 7 before). A second copy of a test cell stays, ungraded."""
     import copy
 
-    from autograder.make_sample_class import cell, filled
+    from make_sample_class import cell, filled
 
     name = "01_slopes_and_bias"
     release = nbformat.read(RELEASE / f"{name}.ipynb", as_version=4)
@@ -656,7 +656,7 @@ def test_a_student_handed_in_twice_is_graded_once_from_the_newest_and_a_lone_not
     """A zip beside its unpacked folder, or a re-upload: graded twice before, two jobs raced for one student's
     gradebook rows and grades.csv had the student twice. A notebook alone in the submissions folder is the
     student it is named for; its grade ids say which notebook of the assignment it is."""
-    from autograder.make_sample_class import cell, filled
+    from make_sample_class import cell, filled
 
     names = ["01_slopes_and_bias", "03_slope_zero"]
     old, new = filled(names[1]), filled(names[1])
@@ -682,7 +682,7 @@ def test_a_student_handed_in_twice_is_graded_once_from_the_newest_and_a_lone_not
 def test_notebooks_handed_in_under_another_name_are_found(tmp_path):
     """Downloads and copies rename notebooks ("name (1)", "Copy of name", an LMS's prefix and "-1"): before,
     such a notebook was "missing", 0 points. Found by the grade ids it holds, or where it lost them, by name."""
-    from autograder.make_sample_class import filled
+    from make_sample_class import filled
 
     names = ["01_slopes_and_bias", "02_worked_example", "03_slope_zero", "04_causal"]
     folder = tmp_path / "ann"
@@ -717,8 +717,9 @@ def test_a_notebook_too_large_for_grading_loses_its_outputs_not_its_points(tmp_p
     """Outputs are run again when grading: past the size that reaches nbgrader they are cleared first (before, a
     notebook over 20 MiB, a printing loop's or many plots', was unreadable: 0 points). The limits are lowered
     here to 1 and 4 MiB to keep the files small; the code reads them at each call."""
+    from make_sample_class import cell, filled
+
     import autograder.collect as collect_module
-    from autograder.make_sample_class import cell, filled
 
     monkeypatch.setattr(collect_module, "MAX_NOTEBOOK_BYTES", 2**20)
     monkeypatch.setattr(collect_module, "MAX_READ_BYTES", 4 * 2**20)
@@ -746,7 +747,7 @@ def test_a_notebook_saved_on_windows_is_read_in_its_encoding(tmp_path):
     """Notepad and PowerShell save a notebook with a byte-order mark, as UTF-16 or in the Windows code page;
     Jupyter and nbgrader read none of them (before: unreadable, 0 points). The answers are graded as written,
     found under another name too, and the row says how the file was read."""
-    from autograder.make_sample_class import cell, filled
+    from make_sample_class import cell, filled
 
     names = ["01_slopes_and_bias", "02_worked_example", "03_slope_zero"]
     nbs = {name: filled(name) for name in names}
@@ -775,8 +776,9 @@ def test_python_modules_beside_the_notebooks_are_handed_in_with_them(tmp_path):
     """nbgrader hands the files beside a notebook to it when grading; a notebook importing a module of the
     student's lost every exercise that used it (ModuleNotFoundError). Only modules Python can import by a name
     of their own, beside one of the assignment's notebooks, up to a size each."""
+    from make_sample_class import filled
+
     import autograder.collect as collect_module
-    from autograder.make_sample_class import filled
 
     name = "03_slope_zero"
     folder = tmp_path / "ann" / "alibi"
@@ -828,7 +830,7 @@ def test_a_checkpoint_is_graded_only_where_its_notebook_was_not_handed_in(tmp_pa
     it as any other notebook, so one hand-in was graded two ways. Now both take the notebook where it was
     handed in, under its name or another, and its checkpoint only where it was not (the row says so), with the
     modules of the folder the notebook ran in, above .ipynb_checkpoints/."""
-    from autograder.make_sample_class import filled
+    from make_sample_class import filled
 
     name = "02_worked_example"
 
@@ -883,7 +885,7 @@ def _grade_ids(nb):
 def test_cells_that_lost_their_grading_metadata_get_it_back_cell_for_cell(tmp_path):
     """An editor that drops cell metadata (or cells pasted into a new notebook) left plain cells: before, the
     test cells were put back at the top, above the answers, and a right notebook earned 0."""
-    from autograder.make_sample_class import filled
+    from make_sample_class import filled
 
     whole = filled("02_worked_example")
     stripped = filled("02_worked_example")
@@ -899,7 +901,7 @@ def test_cells_that_lost_their_grading_metadata_get_it_back_cell_for_cell(tmp_pa
 
 
 def test_an_answer_beside_its_answer_cell_is_graded_and_a_stub_is_never_put_back(tmp_path):
-    from autograder.make_sample_class import cell, filled
+    from make_sample_class import cell, filled
 
     release = nbformat.read(RELEASE / "02_worked_example.ipynb", as_version=4)
     nb = filled("02_worked_example")

@@ -1,6 +1,6 @@
 """Build the sample class in autograder/sample_class/submissions from the release and the solutions.
 
-    .venv/bin/python -m autograder.make_sample_class
+    .venv/bin/python tests/make_sample_class.py
 
 Each student is the release notebook with the answer cells filled from the solutions, then
 changed the way real students change them: the mistakes people make, a crash, loops, edited
@@ -19,7 +19,7 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 RELEASE = REPO / "course" / "alibi"
 SOLUTIONS = REPO / "solutions" / "alibi"
-OUT = Path(__file__).resolve().parent / "sample_class" / "submissions"
+OUT = REPO / "autograder" / "sample_class" / "submissions"
 
 
 def _solution_sources(name: str) -> dict[str, str]:
