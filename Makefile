@@ -22,9 +22,9 @@ demo: $(STAMP) $(SYSTEM) $(KERNEL)
 	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 10 --timeout 30 \
 		$(DEMO_STUDENTS:%=--student %)
 
-# two pytest-xdist workers: the tests that read the graded sample class share one (tests/conftest.py)
+# two pytest-xdist workers, each test file on one: the sample class is graded once for both (tests/conftest.py)
 test: $(STAMP) $(SYSTEM) $(KERNEL) lint
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions

@@ -114,7 +114,7 @@ def _feedback(parser, args) -> int:
 
 def _graded_course_id(output: Path) -> str | None:
     """The course a grading run in ``output`` graded, if it was one (a copied gradebook alone has no run)."""
-    from .grade import load_settings
+    from .workspace import load_settings
 
     try:
         return load_settings(output).course.course_id

@@ -52,7 +52,7 @@ WORK_DB = "course/gradebook.db"
 def _course_bundle(s) -> bytes:
     """The course as a worker needs it (tar): source, release, a gradebook of the assignments alone,
     the course's configuration. Built with nbgrader's generate_assignment, as here."""
-    from .grade import Settings, _api, hidden_cases_key
+    from .workspace import Settings, hidden_cases_key, nbgrader_api
 
     with tempfile.TemporaryDirectory(prefix="autograder-bundle-") as tmp:
         work = Path(tmp)
@@ -63,7 +63,7 @@ def _course_bundle(s) -> bytes:
             shutil.copy(s.course.config_file, work / CONFIG_FILE)
         ws: Settings = _worker_settings(s, work)
         for assignment in s.course.assignments:
-            result = _api(ws).generate_assignment(assignment, force=True)
+            result = nbgrader_api(ws).generate_assignment(assignment, force=True)
             if not result["success"]:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}")
         _copy_due_dates(s, ws)
@@ -98,8 +98,10 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
                     files: dict[str, bytes]) -> dict:
     """The Dask task: grade one student's assignment in a private copy of the course; return the
     executed, judged notebooks ({name: bytes}), their outcome files and what nbgrader failed on."""
-    from .grade import _grade_student, _prepare_compile_cache, _tree_hash, ensure_tools_on_path, write_submitted
+    from .job import grade_student, write_submitted
+    from .prepare import prepare_compile_cache, tree_hash
     from .sandbox import bwrap_problem
+    from .workspace import ensure_tools_on_path
 
     if s.sandbox and (problem := bwrap_problem()):
         raise RuntimeError(f"this worker cannot sandbox student code ({problem}); it refuses to grade unsandboxed")
@@ -111,11 +113,11 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
         ws = _worker_settings(s, work)
         # what this machine computes once, not the bundle (it would travel with every task): JAX's compilation
         # cache here; the reference's values this worker process computes as it first judges them
-        _prepare_compile_cache(ws, assignment, _tree_hash(work / "course" / "source" / assignment))
+        prepare_compile_cache(ws, assignment, tree_hash(work / "course" / "source" / assignment))
         submitted = work / "course" / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         write_submitted(submitted, notebooks, files)
-        result = _grade_student(ws, student, assignment, sorted(notebooks))
+        result = grade_student(ws, student, assignment, sorted(notebooks))
         graded = work / "course" / "autograded" / student / assignment
         feedback = work / "course" / "feedback" / student / assignment
         state = work / "state" / student / assignment
@@ -158,7 +160,8 @@ class ReplayExecute(NbGraderPreprocessor):
 
 def _record(s, sub: Submission, result: dict) -> dict[str, str]:
     """Write one worker's result into this course, through nbgrader's pipeline: the single writer."""
-    from .grade import _grade_student, _state_dir
+    from .job import grade_student
+    from .workspace import state_dir
 
     replays = s.output / "state" / "replay"
     replay = replays / sub.student / sub.assignment
@@ -166,12 +169,12 @@ def _record(s, sub: Submission, result: dict) -> dict[str, str]:
     replay.mkdir(parents=True)
     for name, raw in result["executed"].items():
         (replay / f"{name}.ipynb").write_bytes(raw)
-    state = _state_dir(s, sub.student, sub.assignment)
+    state = state_dir(s, sub.student, sub.assignment)
     for name, text in result["outcomes"].items():
         (state / f"{name}.json").write_text(text)
     (state / ".timing.json").write_text(result.get("timing", "{}"))
     names = sorted(set(sub.notebooks) - set(result["failed"]))
-    recorded = (_grade_student(s, sub.student, sub.assignment, names, replay_dir=replays, feedback=False)
+    recorded = (grade_student(s, sub.student, sub.assignment, names, replay_dir=replays, feedback=False)
                 if names else {"failed": {}})
     shutil.rmtree(replay, ignore_errors=True)
     # the workers made the feedback from the same grades: this process only writes the gradebook
@@ -190,7 +193,7 @@ def run_on_cluster(s, todo: list[Submission], scheduler: str, progress: bool) ->
     from distributed import Client, as_completed
     from tqdm import tqdm
 
-    from .grade import record_done
+    from .job import record_done
 
     if not todo:
         return {}

@@ -84,17 +84,17 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
 def feedback(output: Path, release: bool = False, db: str | None = None) -> list[str]:
     """Regenerate every graded student's feedback from the gradebook, copy it to OUT/feedback and, with
     ``release``, release it through the course's exchange. Returns the assignments done."""
-    from .grade import _api, load_settings
     from .report import copy_feedback
+    from .workspace import load_settings, nbgrader_api
 
     s = load_settings(output, db)
     graded = s.output / "course" / "autograded"
     done = [a for a in s.course.assignments if any(graded.glob(f"*/{a}/*.ipynb"))]
     for assignment in done:
-        _check(_api(s).generate_feedback(assignment, force=True), f"generate_feedback {assignment}")
+        _check(nbgrader_api(s).generate_feedback(assignment, force=True), f"generate_feedback {assignment}")
         if release:
             with warnings.catch_warnings():  # nbgrader 0.9.6 passes its exchange a misspelt keyword ("authentictor")
                 warnings.filterwarnings("ignore", "Passing unrecognized arguments", DeprecationWarning)
-                _check(_api(s, exchange=True).release_feedback(assignment), f"release_feedback {assignment}")
+                _check(nbgrader_api(s, exchange=True).release_feedback(assignment), f"release_feedback {assignment}")
     copy_feedback(s.output, list(s.course.assignments))
     return done

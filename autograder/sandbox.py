@@ -372,12 +372,9 @@ class SandboxedKernelManager(AsyncKernelManager):
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         write_startup(self.scratch)
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
-            from .zygote import ZygoteProcess
-
             hand_over(self.scratch, self.zygote.uid)
-            pid = self.zygote.spawn(Path(self.connection_file), self.scratch, self.secret)
-            self.provisioner.process = ZygoteProcess(self.zygote, pid)
-            self.provisioner.pid, self.provisioner.pgid = pid, None
+            self.provisioner.process = self.zygote.spawn(Path(self.connection_file), self.scratch, self.secret)
+            self.provisioner.pid, self.provisioner.pgid = self.provisioner.process.pid, None
             self._reconcile_connection_info(self.provisioner.connection_info)
             return
         kw["cwd"] = str(self.scratch)

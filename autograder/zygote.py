@@ -106,11 +106,13 @@ class Zygote:
             raise ZygoteError("the kernel zygote is gone (no reply)")
         return json.loads(line)
 
-    def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> int:
+    def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> ZygoteProcess:
+        """A kernel forked for one notebook, as jupyter_client's provisioner holds a kernel's Popen."""
         # a kernel of its own would get kernel_env(scratch, secret); what of it is per notebook, this one gets too
         env = {name: kernel_env(scratch, secret)[name] for name in PER_NOTEBOOK}
-        return self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
-                            log=str(scratch / "kernel.log"), env=env)["pid"]
+        pid = self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
+                           log=str(scratch / "kernel.log"), env=env)["pid"]
+        return ZygoteProcess(self, pid)
 
     def scratch(self) -> Path:
         """A fresh folder for one notebook's kernel, inside the student's sandbox."""

@@ -13,6 +13,6 @@ c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pa
 
 # Validate runs the autograder's static screen too (a reach for the reference, or around the checks),
 # failing the exercises it would fail when graded: what Validate says is what grading will say
-from autograder.screen import screen_in_validate  # noqa: E402
+from autograder.validate import screen_in_validate  # noqa: E402
 
 screen_in_validate()

@@ -45,26 +45,31 @@ def rng() -> np.random.Generator:
 FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``make test`` runs two workers), the tests that read the graded sample class all run in
-    one worker, so that the class is graded once per test session, not once per worker."""
-    for item in items:
-        if "graded_sample_class" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("graded_sample_class"))
-
-
 @pytest.fixture(scope="session")
 def graded_sample_class(tmp_path_factory):
-    """(output folder, report, seconds) of grading autograder/sample_class with the autograder."""
+    """(output folder, report, seconds) of grading autograder/sample_class with the autograder, once per test
+    session: under pytest-xdist the first worker to ask grades it, into the session's shared folder, and the
+    others wait for it and read its report (xdist's own recipe for a session fixture that runs once)."""
+    import pickle
     import time
     from pathlib import Path
 
+    from filelock import FileLock
+
     from autograder.grade import grade
 
-    out = tmp_path_factory.mktemp("grading")
-    started = time.monotonic()
-    report = grade(Path(__file__).resolve().parents[1] / "autograder" / "sample_class" / "submissions", out, **FAST)
-    return out, report, time.monotonic() - started
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's own
+    out, made = shared / "graded-sample-class", shared / "graded-sample-class.pickle"
+    with FileLock(str(shared / "graded-sample-class.lock")):
+        if not made.exists():
+            started = time.monotonic()
+            report = grade(Path(__file__).resolve().parents[1] / "autograder" / "sample_class" / "submissions", out,
+                           **FAST)
+            made.write_bytes(pickle.dumps((report, time.monotonic() - started)))
+        report, seconds = pickle.loads(made.read_bytes())
+    return out, report, seconds
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,99 @@
+"""The course, made ready once per run: each assignment's source generated with nbgrader, the reference's values
+for its checks, and JAX's compilation cache, each rebuilt only when what it is built from changed."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import json
+import shutil
+from pathlib import Path
+
+from .workspace import Settings, checks_module, compile_cache_dir, expected_dir, hidden_cases_key, nbgrader_api
+
+
+def tree_hash(folder: Path, pattern: str = "*") -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob(pattern)):
+        if path.is_file():
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
+    """Copy each assignment's source in and generate it with nbgrader (only when it changed).
+
+    Returns {assignment: {notebook name: its generated release version}}."""
+    releases = {}
+    for assignment in s.course.assignments:
+        source = s.output / "course" / "source" / assignment
+        marker = s.output / "state" / f"{assignment}.source.sha256"
+        source_hash = tree_hash(s.course.source / assignment)
+        wanted = source_hash + s.db_url + s.course.course_id
+        if not (marker.exists() and marker.read_text() == wanted and source.exists()):
+            shutil.rmtree(source, ignore_errors=True)
+            shutil.copytree(s.course.source / assignment, source)
+            result = nbgrader_api(s).generate_assignment(assignment, force=True)
+            if not result["success"]:
+                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}\n"
+                                   f"{result.get('error', '')}")
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(wanted)
+        _prepare_expected_values(s, assignment, source_hash)
+        prepare_compile_cache(s, assignment, source_hash)
+        release = s.output / "course" / "release" / assignment
+        releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
+    (s.output / "state" / "course.json").write_text(json.dumps({
+        "course_id": s.course.course_id, "assignments": list(s.course.assignments),
+        "source": str(s.course.source), "config_file": str(s.course.config_file or ""), "db_url": s.db_url}))
+    return releases
+
+
+def _rebuild_if_changed(key: Path, wanted: str, build) -> None:
+    """Run ``build`` unless ``key`` records ``wanted``, the fingerprint of what it builds from, and record it
+    after a build that does not return False. Under a lock beside the key: Dask workers on one machine
+    share their compilation cache, and one of them fills it."""
+    key.parent.mkdir(parents=True, exist_ok=True)
+    with open(key.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if key.exists() and key.read_text() == wanted:
+            return
+        key.unlink(missing_ok=True)
+        if build() is not False:
+            key.write_text(wanted)
+
+
+def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> None:
+    """The reference's values for the assignment's checks, computed here once (while the assignment's
+    source and the checks' code stay as they are) instead of by every judging process."""
+    from .verdicts import read_secret, save_expected_values
+
+    module = checks_module(s)
+    key = hidden_cases_key(s)
+    package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
+    values = expected_dir(s) / f"{assignment}.pickle"
+
+    def build() -> bool:
+        values.unlink(missing_ok=True)
+        return save_expected_values(module, s.output / "course" / "source" / assignment, values, read_secret(key))
+
+    secret_hash = hashlib.sha256(key.read_bytes()).hexdigest()
+    _rebuild_if_changed(expected_dir(s) / f"{assignment}.key", source_hash + tree_hash(package, "*.py") + secret_hash,
+                        build)
+
+
+def prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> None:
+    """JAX's compilation cache for the assignment, filled from its source notebooks (compile_cache.py)
+    once while the source and JAX stay as they are."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import compile_cache
+
+    try:
+        jax = version("jaxlib")
+    except PackageNotFoundError:
+        return
+    source = s.output / "course" / "source" / assignment
+    _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax,
+                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment, s.policy, s.cell_timeout))
