@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from ._backend import over_flat_batch
-from .attention import FEW_QUERIES
+from .dispatch import FEW_QUERIES
 
 
 def distance(offset, positions=None):

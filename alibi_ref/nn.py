@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import alibi_attention, check_impl
+from .attention import alibi_attention
 from .bias import check_window
+from .dispatch import check_impl
 from .slopes import get_slopes
 
 

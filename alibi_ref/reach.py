@@ -48,13 +48,16 @@ from .denormals import subnormals_flushed
 
 # Where the reach is taken, with subnormal floats flushed to zero ("flushed") and computed ("kept"): from
 # MIN_KEYS keys (per state and mask), for the heads whose kernel calls are shown at most SHOWN_AT_MOST of
-# all keys (each call: its strided.WINDOW_ROWS reversed query rows and the window's width),
+# all keys (each call: its WINDOW_ROWS reversed query rows and the window's width),
 # where the window at least halves a head's work; and, with subnormals kept, for the heads whose bias
 # falls below -SUBNORMAL_LOGIT within the keys: e^-87.3 is float32's smallest normal number, so their far
 # keys' terms would be subnormal, which the window spares (figures: docs/performance.md, "Each head's reach")
 MIN_KEYS = {("flushed", "causal"): 4096, ("flushed", "symmetric"): 2048,
             ("kept", "causal"): 1024, ("kept", "symmetric"): 1024}
 SHOWN_AT_MOST = 0.5
+# reversed query rows per strided kernel call under a window: each call is shown only the keys its rows' windows
+# reach, block + left + right keys, of which a row sees left + right + 1 (docs/performance.md: windows)
+WINDOW_ROWS = 256
 SUBNORMAL_LOGIT = -math.log(torch.finfo(torch.float32).tiny)
 
 
@@ -100,8 +103,6 @@ def reach_windows(q, k, slopes, scale: float, causal: bool, groups: int, window)
     if (k_len < min(MIN_KEYS.values()) or q_len > k_len or q.device.type != "cpu" or not measured
             or torch.compiler.is_compiling() or grad_taken(slopes)):
         return None
-    from .strided import WINDOW_ROWS  # the rows of each windowed head's kernel call (strided imports this module)
-
     subnormals = "flushed" if subnormals_flushed() else "kept"
     if k_len < MIN_KEYS[subnormals, "causal" if causal else "symmetric"]:
         return None

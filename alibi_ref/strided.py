@@ -96,16 +96,13 @@ import torch
 from ._backend import grad_taken, over_flat_batch, repeat_heads
 from .bias import bias_from_distances
 from .kept import kept
-from .reach import reach_windows
+from .reach import WINDOW_ROWS, reach_windows
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
 SCORES_PER_BLOCK = 1 << 22
 # the split causal form: reversed rows per rectangle (the kernel's 256-row tiles from 768 rows up), and at most
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
-# reversed query rows per kernel call under a sliding window: each call is shown only the keys its rows' windows
-# reach, block + left + right keys, of which a row sees left + right + 1 (docs/performance.md: windows)
-WINDOW_ROWS = 256
 # below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
 # the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
 ONE_CALL_LOGITS = 1 << 21

@@ -45,6 +45,17 @@ def rng() -> np.random.Generator:
 FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
 
 
+# the test files that take longest, longest first: under pytest-xdist's loadfile each file goes whole to the next
+# free worker in the order collected, so these start first and none is left running alone at the end
+LONGEST_FIRST = ("test_sample_class.py", "test_autograder.py", "test_course_scale.py", "test_checks.py",
+                 "test_notebooks.py", "test_fused_paths.py", "test_padding.py", "test_bench.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def graded_sample_class(tmp_path_factory):
     """(output folder, report, seconds) of grading autograder/sample_class with the autograder, once per test

@@ -177,7 +177,7 @@ def test_fast_path_equals_naive_on_device(device, causal, dtype, tol, impl):
 def test_output_and_gradients_are_right_at_a_length_of_128_k_plus_64(device, impl, dtype, tol):
     """576 = 4 * 128 + 64 queries and keys: torch 2.11's fused GPU kernels were seen giving NaN grad_q with
     any mask at lengths that are 64 more than a multiple of 128 (H100). On CUDA "auto" is FlexAttention
-    here (576 >= FUSED_MIN_LEN); every path is held to float64's naive path, output and gradients.
+    here (576 >= FLEX_MIN_KEYS); every path is held to float64's naive path, output and gradients.
     Bounds (values reach 4.6 here): float32 1e-4, bfloat16 6e-2; the CPU paths are off by at most 1.9e-6 and
     2.7e-2."""
     gen = torch.Generator().manual_seed(2)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from alibi_ref import alibi_attention, get_slopes
 from alibi_ref import fused as fused_module
-from alibi_ref.attention import FUSED_BF16_MIN_KEYS, FUSED_CPU_MIN_KEYS, check_shapes, choose_impl
+from alibi_ref.attention import check_shapes
+from alibi_ref.dispatch import FUSED_BF16_MIN_KEYS, FUSED_CPU_MIN_KEYS, choose_impl
 
 needs_kernel = pytest.mark.skipif(not fused_module.available(), reason="the fused kernel is not built here "
                                   "(test_the_kernel_is_built_wherever_a_compiler_is says whether it should be)")

@@ -17,7 +17,7 @@ from test_attention import problems, to_torch
 import alibi_ref.reach as reach
 import alibi_ref.strided as strided
 from alibi_ref import alibi_attention, alibi_bias, get_slopes
-from alibi_ref.attention import FEW_QUERIES, FUSED_MIN_LEN, STRIDED_MIN_LEN, Dims, choose_impl
+from alibi_ref.dispatch import FEW_QUERIES, FLEX_MIN_KEYS, STRIDED_MIN_KEYS, Dims, choose_impl
 from alibi_ref.strided import (
     bias_row,
     causal_block,
@@ -442,8 +442,8 @@ def test_causal_blocks_are_768_rows_against_many_keys_else_a_quarter_of_the_quer
 
 @pytest.mark.usefixtures("without_fused_kernel")
 def test_auto_picks_the_fused_path_for_its_device():
-    for n, expected in [(1, "sdpa"), (STRIDED_MIN_LEN - 1, "sdpa"), (STRIDED_MIN_LEN, "strided"),
-                        (FUSED_MIN_LEN - 1, "strided"), (4096, "strided")]:
+    for n, expected in [(1, "sdpa"), (STRIDED_MIN_KEYS - 1, "sdpa"), (STRIDED_MIN_KEYS, "strided"),
+                        (FLEX_MIN_KEYS - 1, "strided"), (4096, "strided")]:
         q = torch.zeros(1, 8, n, 4)
         assert choose_impl("auto", q, Dims(8, 8, n, n, 4), False) == expected, n
     for q_len, expected in [(1, "sdpa"), (FEW_QUERIES, "sdpa"), (FEW_QUERIES + 1, "strided")]:
@@ -738,7 +738,7 @@ def test_flex_compiles_for_each_key_length_outside_decoding(device):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU on this machine")
 def test_auto_uses_flex_on_cuda_for_long_sequences_and_the_bias_for_decoding():
-    for n, expected in [(FUSED_MIN_LEN, "flex"), (FUSED_MIN_LEN - 1, "sdpa")]:
+    for n, expected in [(FLEX_MIN_KEYS, "flex"), (FLEX_MIN_KEYS - 1, "sdpa")]:
         q = torch.zeros(1, 8, n, 16, device="cuda")
         assert choose_impl("auto", q, Dims(8, 8, n, n, 16), False) == expected
     # a decoding step reads a few rows of bias faster than FlexAttention runs (docs/performance.md, "CUDA")
@@ -754,7 +754,7 @@ def test_the_flex_path_never_waits_for_the_gpu(causal):
     """A model queues its kernels ahead of the GPU; a call that copies a number from the host and
     waits (as the kernel's offset once did) stalls that queue at every layer. Once warm (compiled,
     block mask built), the CUDA default path must queue its work without one synchronisation."""
-    q, k, v = (torch.randn(1, 8, FUSED_MIN_LEN, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, 8, FLEX_MIN_KEYS, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     slopes = torch.tensor(get_slopes(8), device="cuda")
     alibi_attention(q, k, v, slopes, causal=causal, impl="flex")
     torch.cuda.synchronize()

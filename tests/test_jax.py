@@ -55,7 +55,7 @@ def test_jax_fused_path_in_float32(problem):
 
 
 def test_auto_picks_the_fused_path_only_where_it_fits():
-    from alibi_ref.attention import Dims, choose_impl
+    from alibi_ref.dispatch import Dims, choose_impl
 
     x32, x16 = jnp.zeros((1, 2, 3, 4)), jnp.zeros((1, 2, 3, 4), jnp.bfloat16)
     dims = Dims(2, 2, 3, 3, 4)

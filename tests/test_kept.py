@@ -6,7 +6,7 @@ import torch
 
 import alibi_ref.kept as kept_module
 from alibi_ref import alibi_attention, get_slopes
-from alibi_ref.attention import KEPT_BIAS_NUMBERS, Dims, bias_is_kept
+from alibi_ref.dispatch import KEPT_BIAS_NUMBERS, Dims, bias_is_kept
 from alibi_ref.kept import forget, kept
 from alibi_ref.strided import bias_row
 

@@ -218,7 +218,7 @@ def test_a_span_is_plain_alibi_and_the_usual_padding_is_one(length, pads, q_len,
 
 
 def test_auto_takes_the_strided_path_for_a_padded_batch_on_the_cpu(monkeypatch):
-    """From STRIDED_MIN_LEN keys and more than FEW_QUERIES queries, as without padding (figures:
+    """From STRIDED_MIN_KEYS keys and more than FEW_QUERIES queries, as without padding (figures:
     docs/performance.md); the bias below and for decoding."""
     import alibi_ref.padded
 
@@ -435,7 +435,7 @@ def test_a_window_block_is_shown_exactly_the_keys_its_rows_see(q_len, more_keys,
 
 @pytest.mark.usefixtures("without_fused_kernel")
 def test_auto_takes_the_strided_path_for_a_window_on_the_cpu(monkeypatch):
-    """From STRIDED_MIN_LEN keys, as without a window (the bias it replaces costs H i j numbers and computes every
+    """From STRIDED_MIN_KEYS keys, as without a window (the bias it replaces costs H i j numbers and computes every
     key: docs/performance.md); sdpa where a query could see no key, and for a decoding step."""
     import alibi_ref.strided
 

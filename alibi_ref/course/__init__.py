@@ -11,9 +11,11 @@
 It imports the library (``alibi_ref``) and the lab (``alibi_ref.lab``); neither imports it.
 """
 
-from . import checks, examples, plots
+from . import checks, examples, exercises, harness, plots
 from .chapter import multi_head_alibi
 from .examples import cat_sat_on_mat
 from .explain import explain
+
+checks.guard(exercises, harness)  # once every exercise is registered, before any cell of a notebook runs
 
 __all__ = ["cat_sat_on_mat", "checks", "examples", "explain", "multi_head_alibi", "plots"]

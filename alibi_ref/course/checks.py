@@ -109,6 +109,9 @@ class Exercise:
 
 
 EXERCISES: dict[str, Exercise] = {}
+# the reference's own version of each earlier answer a later exercise calls (``Exercise.upstream``), lent in its
+# place to run a downstream answer with the reference upstream (``_with_reference_upstream``); exercises.py fills it
+UPSTREAM: dict[str, Callable] = {}
 
 
 def exercise(ex: Exercise) -> Exercise:
@@ -129,9 +132,7 @@ def cases(name: str, seed: int | None, secret: bytes | None = None) -> list[Case
 
 
 def _exercise(name: str) -> Exercise:
-    if not EXERCISES:
-        from . import exercises  # noqa: F401  (registers every exercise)
-    if name not in EXERCISES:
+    if name not in EXERCISES:  # exercises.py registers every exercise; alibi_ref.course imports it
         raise KeyError(f"no exercise called {name!r}; known: {', '.join(sorted(EXERCISES))}")
     return EXERCISES[name]
 
@@ -978,8 +979,6 @@ def _fresh(value):
 
 def _with_reference_upstream(answer: Callable, names: list[str]) -> Callable:
     """``answer`` run with the reference's version of each upstream answer it calls by name."""
-    from .exercises import UPSTREAM
-
     namespace = answer.__globals__
     lent = {name: _lend(UPSTREAM[name]) for name in names}
 
@@ -1348,7 +1347,7 @@ def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, 
 
 # ----------------------------------------------------------------------------- the machinery, held to what it is
 
-def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str, dict]]]:
+def _machinery(*held: types.ModuleType) -> tuple[list[tuple[str, object, str, object]], list[tuple[str, dict]]]:
     """What runs in the kernel besides the answer when a check runs: (what, namespace, name, object now) for
     each part, and (what, namespace) for the namespaces held whole, to which no name may be added.
 
@@ -1364,9 +1363,7 @@ def _machinery() -> tuple[list[tuple[str, object, str, object]], list[tuple[str,
 
     import numpy.random  # noqa: F401  (numpy loads it on first use: held from here on)
 
-    from . import exercises, harness
-
-    modules = [sys.modules[__name__], exercises, harness]
+    modules = [sys.modules[__name__], *held]
     entries: list[tuple[str, object, str, object]] = []
     whole: list[tuple[str, dict]] = []
 
@@ -1421,5 +1418,16 @@ _SWAPPED_BUILTINS = {"input", "exit", "quit", "get_ipython", "display", "help", 
 _CALLED_AROUND_THE_GUARD = {"numpy.random": ["default_rng"], "torch": ["tensor"],
                             "IPython.display": ["display"], "IPython.core.display_functions": ["display"]}
 
-# the hooks run in the order added: the one that decides, then the one that raises what it decided
-list(map(sys.addaudithook, _audit_hook(*_machinery())))
+_GUARDED: list[bool] = []
+
+
+def guard(*held: types.ModuleType) -> None:
+    """Start the guard: the audit hook that holds this module and the ``held`` modules (the exercises and the
+    harness) as they are from now on, and watches every answer a check runs. ``alibi_ref.course`` calls it once
+    every exercise is registered, before any cell can run; a second call changes nothing (a hook cannot be
+    taken back, and this list is held with the rest of this module)."""
+    if _GUARDED:
+        return
+    _GUARDED.append(True)
+    # the hooks run in the order added: the one that decides, then the one that raises what it decided
+    list(map(sys.addaudithook, _audit_hook(*_machinery(*held))))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
-from .checks import Case, Exercise, Expect, Leaf, Mistake, compare, exercise
+from .checks import UPSTREAM, Case, Exercise, Expect, Leaf, Mistake, compare, exercise
 from .examples import cat_sat_on_mat
 from .harness import jitted_with_static_length, peak_and_output, score_mod_outputs
 
@@ -878,4 +878,4 @@ exercise(Exercise(
 
 
 # what a downstream exercise is lent when the student's own upstream answer is wrong
-UPSTREAM = {"softmax": softmax, "alibi_head": alibi_head_reference, "alibi_bias_torch": torch_bias_upstream}
+UPSTREAM.update({"softmax": softmax, "alibi_head": alibi_head_reference, "alibi_bias_torch": torch_bias_upstream})

@@ -1,0 +1,239 @@
+"""The sample class graded once (tests/conftest.py) and everything asserted on that run: scores and statuses,
+reasons, what the instructor gets, what the red team could not do, a rerun, the LMS export."""
+
+import csv
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import FAST
+
+from autograder.grade import grade
+from autograder.sandbox import bwrap_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "autograder" / "sample_class"
+RELEASE = ROOT / "course" / "alibi"
+NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@needs_bwrap
+def test_sample_class_scores_and_statuses(graded_sample_class):
+    out, report, _ = graded_sample_class
+    expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
+    got = {(r["student"], r["notebook"]): r for r in _rows(out / "grades.csv")}
+    students = {s for s, _ in expected}
+    assert set(got) == {(s, n) for s in students for n in NOTEBOOKS}, "one row per student and notebook"
+    for key, row in got.items():
+        want = expected.get(key, {"score": "0.0", "status": "missing"})
+        assert (float(row["score"]), row["status"]) == (float(want["score"]), want["status"]), (
+            f"{key}: got {row['score']} {row['status']} ({row['reason']}), expected {want['score']} {want['status']}"
+            f" ({want.get('why', '')})"
+        )
+        assert float(row["max_score"]) > 0
+    assert report.totals()["ada"] == sum(report.max_scores().values()), "the full-marks student lost points"
+
+
+@needs_bwrap
+def test_reasons_say_what_happened(graded_sample_class):
+    out, _, _ = graded_sample_class
+    reasons = {(r["student"], r["notebook"]): r["reason"] for r in _rows(out / "grades.csv")}
+    cy = reasons["cy", "01_slopes_and_bias"]
+    assert "test_paper_slopes (CheckFailed: paper_slopes(12): 12 of 12 entries are off" in cy
+    assert "Hint: for a head count that is not a power of two" in cy
+    assert "MemoryError" in reasons["max", "03_slope_zero"]
+    assert "the code in cell 7 ended the kernel (exit() or quit())" in reasons["hal", "02_worked_example"]
+    assert "changes c, which comes from alibi_ref" in reasons["rex", "01_slopes_and_bias"]
+    assert "switches the profiler" in reasons["rex", "03_slope_zero"]
+    assert "a cell you added (cell 16)', line 3: reaches modules without an import statement (sys.modules)" in (
+        reasons["vic", "01_slopes_and_bias"])
+    assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
+    assert "test_alibi_head (CheckFailed: alibi_head(head 1 of the chapter's example, slope 1/2): calls " \
+           "alibi_ref.attention.alibi_attention from the reference module" in reasons["vic", "02_worked_example"]
+    assert "test_standard_attention (RuntimeError: the checks' own machinery was changed " \
+           "(alibi_ref.course.checks.run)" in reasons["vic", "03_slope_zero"]
+    assert "test_paper_slopes (CheckFailed: paper_slopes(" in reasons["wes", "01_slopes_and_bias"]
+    assert "raised KeyError" in reasons["wes", "01_slopes_and_bias"]  # the hidden inputs were not in the table
+    assert "calls alibi_ref.attention.alibi_attention from the reference module" in reasons["wes", "02_worked_example"]
+    assert "calls alibi_ref.course.exercises.decode_reference (in another thread)" in reasons["wes", "04_causal"]
+    assert "alibi_bias: the values handed back are not the ones the check made" in reasons["xan", "01_slopes_and_bias"]
+    yul = reasons["yul", "01_slopes_and_bias"]
+    assert "ran a copy of the reference's alibi_ref.bias.alibi_bias (from mine/bias.py)" in yul
+    assert "ran a copy of the reference's alibi_ref.attention.alibi_attention" in reasons["yul", "04_causal"]
+    zed = reasons["zed", "10_jax_flax"]  # the reference compiled before the check is traced again inside it
+    assert "test_alibi_bias_jax (CheckFailed: alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's " \
+           "example, under jax.jit: calls alibi_ref.bias.alibi_bias from the reference module" in zed
+    # a module handed in beside the notebook is screened as a cell of the student's own; one nothing imports
+    # (quinn's scratch_work.py, which starts a process) is not handed to the kernel, and flags nothing
+    assert "cell 'a module you handed in (fast_decode.py)', line 2: runs code in another thread or process " \
+           "(subprocess)" in reasons["ora", "04_causal"]
+    # quinn's own torch.compile call ran (eagerly: grading refuses the compiler's process), and printed
+    quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
+    assert "compiled: " in quinn and "InductorError" not in quinn
+    # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
+    feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
+    assert "walked the interpreter's objects (gc.get_objects)" in feedback
+    assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
+    ora = reasons["ora", "01_slopes_and_bias"]  # IPython's shell escape, run by the answers: another Python
+    assert "paper_slopes(8): the answer ran code in another process (os.forkpty)" in ora
+    assert "alibi_bias([0.5, 0.25], 5): the answer ran code in another process (subprocess.Popen)" in ora
+    assert "gave back the grading metadata 20 cell(s) had lost" in reasons["tia", "01_slopes_and_bias"]
+    assert reasons["tia", "02_worked_example"].startswith(
+        "graded 02_worked_example (1).ipynb as 02_worked_example.ipynb; gave back the grading metadata 1 cell(s)")
+    assert ("graded the answer written beside its answer cell, which was left as released: sat_answer, alibi_head"
+            in reasons["tia", "02_worked_example"])
+    assert "does not appear to be JSON" in reasons["lou", "01_slopes_and_bias"]
+    assert "bonus" in reasons["pat", "02_worked_example"]
+    assert reasons["ada", "03_slope_zero"] == ""
+    assert reasons["ben", "03_slope_zero"] == "no such notebook was submitted"
+    # the first cell that ran out of time, named the same whichever limit struck it (the load decides which),
+    # under the limits of its last run: those given, or, graded again, the solution's time then scaled (timeouts.py)
+    for (student, name), cell in {("ivy", "05_schedules"): 4, ("jay", "03_slope_zero"): 5}.items():
+        said = re.fullmatch(rf"cell {cell} ran past its time limit and was interrupted \(limits: (\d+) s per cell, "
+                            r"(\d+) s for the whole notebook\)", reasons[student, name])
+        assert said, reasons[student, name]
+        assert int(said[1]) >= FAST["cell_timeout"] and int(said[2]) >= FAST["timeout"], said[0]
+    # ivy's loop prints as it goes: what it printed past the cell's budget is left out, and the page says so
+    page = (out / "feedback" / "ivy" / "05_schedules.html").read_text()
+    assert "[grading left out" in page and "MiB of this cell's output past its first 2 MiB]" in page
+    assert "... Output truncated ..." in page  # nbgrader's LimitOutput then keeps each cell's first 1000 lines
+
+
+@needs_bwrap
+def test_outputs_for_the_instructor(graded_sample_class):
+    out, _, _ = graded_sample_class
+    assert (out / "grades.png").stat().st_size > 10_000
+    assert _rows(out / "nbgrader_grades.csv"), "nbgrader's own export is written"
+    assert (out / "gradebook.db").exists()
+    for student in ("ada", "cy", "hal", "oli"):
+        assert list((out / "feedback" / student).glob("*.html")), f"no feedback for {student}"
+    # written answers reach the instructor: tia's, typed below the answer cell she left as released, too
+    # (nbgrader scores a written answer left as released 0, and does not ask for it to be graded by hand)
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gradebook:
+        for student in ("ada", "tia"):
+            notebook = gradebook.find_submission_notebook("02_worked_example", "alibi", student)
+            (written,) = [g for g in notebook.grades if g.name == "sat_answer"]
+            assert written.needs_manual_grade and written.auto_score is None, student
+
+
+@needs_bwrap
+def test_feedback_never_shows_hidden_tests(graded_sample_class):
+    out, _, _ = graded_sample_class
+    pages = list((out / "feedback").rglob("*.html"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        for secret in ("BEGIN HIDDEN TESTS", "hidden=", "MARK SCHEME", "Rubric ("):
+            assert secret not in text, f"{page.relative_to(out)} shows {secret!r}"
+    # the rubrics reach the graded notebooks, which formgrader shows the instructor
+    graded = (out / "course" / "autograded" / "ada" / "alibi" / "03_slope_zero.ipynb").read_text()
+    assert "Rubric (3 points, for the grader)" in graded
+    # the values the kernels handed back are read by the grader, then removed from the notebooks
+    for graded in (out / "course" / "autograded").rglob("*.ipynb"):
+        outputs = [o for c in nbformat.read(graded, as_version=4).cells for o in c.get("outputs", [])]
+        assert not any("application/vnd.alibi-course.check+json" in o.get("data", {}) for o in outputs), graded
+    # a failing hidden test still says what failed, by its message only
+    kim = (out / "feedback" / "kim" / "01_slopes_and_bias.html").read_text()
+    assert "calls alibi_ref.slopes.get_slopes" in kim
+    # a mistake is named in the feedback, and a downstream exercise says it was graded with a correct upstream
+    assert "queries sit at the start of the keys" in (out / "feedback" / "gus" / "01_slopes_and_bias.html").read_text()
+    oli = (out / "feedback" / "oli" / "02_worked_example.html").read_text()
+    assert "with a correct softmax in place of yours" in oli
+
+
+@needs_bwrap
+def test_the_sandbox_hid_the_solutions_and_the_gradebook(graded_sample_class):
+    out, _, _ = graded_sample_class
+    nb = nbformat.read(out / "course" / "autograded" / "oli" / "alibi" / "01_slopes_and_bias.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "cannot read" in printed and "bytes of" not in printed
+
+
+@needs_bwrap
+def test_rerun_is_idempotent_and_skips_graded_students(graded_sample_class, capsys):
+    out, _, first_seconds = graded_sample_class
+    before = (out / "grades.csv").read_bytes()
+    started = time.monotonic()
+    grade(SAMPLE / "submissions", out, **FAST)
+    assert (out / "grades.csv").read_bytes() == before
+    assert time.monotonic() - started < first_seconds / 3, "a re-run should not grade anyone again"
+
+
+@needs_bwrap
+def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_class):
+    """The attacks on grading itself (make_sample_class.red_team): their scores are in expected.csv; here, what
+    they tried to reach or leave behind."""
+    out, _, _ = graded_sample_class
+    site = Path(nbformat.__file__).parents[1]
+    assert not list(site.glob("zz_planted*")) and not list((ROOT / "alibi_ref").glob("zz_planted*"))
+
+    def own_output(student: str) -> str:
+        nb = nbformat.read(out / "course" / "autograded" / student / "alibi" / "01_slopes_and_bias.ipynb", 4)
+        return "".join(o.get("text", "") + o.get("evalue", "") for c in nb.cells if c.cell_type == "code"
+                       for o in c.outputs)
+
+    # the in-kernel guard refuses these before the sandbox must (test_a_sandboxed_kernel_sees_nothing_it_should_not
+    # tries them where no guard is)
+    for student in ("rt-remount", "rt-processes"):
+        assert "another process" in own_output(student) and "planted" not in own_output(student)
+    assert "doors []" in own_output("rt-zygote") and "descriptors refused" in own_output("rt-zygote")
+    assert own_output("rt-procmem").count("refused") == 2 and "opened" not in own_output("rt-procmem")
+    assert "refused RuntimeError" in own_output("rt-fspath")
+    # outputs keep a bounded part of each error: three of 20 MB left a notebook of kilobytes
+    big = out / "course" / "autograded" / "rt-big-errors" / "alibi" / "01_slopes_and_bias.ipynb"
+    assert big.stat().st_size < 2**20
+    many = out / "course" / "autograded" / "rt-many-cells" / "alibi" / "01_slopes_and_bias.ipynb"
+    assert 30 * 2**20 < many.stat().st_size < 40 * 2**20, "the notebook keeps its 32 MiB of output, no more"
+    # no script of a student's runs in the feedback or in the notebook formgrader shows: kept as text at most (the
+    # student's code is shown, escaped, as code)
+    live = re.compile(r"<script|<[^>]*\bon\w+\s*=|href=\"javascript:|application/javascript", re.IGNORECASE)
+    page = (out / "feedback" / "rt-xss" / "01_slopes_and_bias.html").read_text()
+    template = (out / "feedback" / "hon-notes" / "01_slopes_and_bias.html").read_text()  # its own scripts (MathJax)
+    assert "pwned" in page and len(live.findall(page)) == len(live.findall(template)), live.findall(page)
+    nb = nbformat.read(out / "course" / "autograded" / "rt-xss" / "alibi" / "01_slopes_and_bias.ipynb", 4)
+    shown = [c.source for c in nb.cells if c.cell_type == "markdown"] + [
+        json.dumps(o.get("data", {})) for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("pwned" in text for text in shown) and not any(live.search(text) for text in shown)
+    # a test cell shows its verdicts and nothing else it printed (the hook printed every cell's source)
+    hook = (out / "feedback" / "rt-hidden-print" / "01_slopes_and_bias.html").read_text()
+    assert "CELL:" in hook and "CELL: # paper_slopes" not in hook
+
+
+def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_class, tmp_path):
+    """A written answer graded by hand (nbgrader's API, as formgrader does) shows up beside the autograded points."""
+    from nbgrader.api import Gradebook
+
+    from autograder.__main__ import main
+
+    out, report, _ = graded_sample_class
+    shutil.copy(out / "gradebook.db", tmp_path / "gradebook.db")  # the session's gradebook stays as graded
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with Gradebook(db, "alibi") as gb:
+        written = gb.find_grade("redundant_answer", "04_causal", "alibi", "ada")
+        written.manual_score = 1.0
+        gb.db.commit()
+    assert main(["export", "--output", str(tmp_path)]) == 0
+    with open(tmp_path / "lms_grades.csv", newline="") as f:
+        header, possible, *rows = list(csv.reader(f))
+    assert header[:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+    assert possible[0] == "Points Possible" and float(possible[-1]) == 73  # 55 autograded, 18 by hand
+    by_student = {row[2]: dict(zip(header, row, strict=True)) for row in rows}
+    assert set(by_student) == set(report.totals()), "one row per student"
+    ada = by_student["ada"]
+    assert ada["04_causal autograded"] == "6" and ada["04_causal by hand"] == "1"
+    assert float(ada["alibi total"]) == report.totals()["ada"] + 1
+    for student, total in report.totals().items():
+        if student != "ada":
+            assert float(by_student[student]["alibi total"]) == total, student
