@@ -25,6 +25,24 @@ def device(request) -> torch.device:
     return torch.device(request.param)
 
 
+def csv_rows(path) -> list[dict]:
+    """The rows of a CSV the grader wrote (grades.csv, expected.csv, nbgrader's export), as dicts."""
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _sandbox_problem():
+    from autograder.sandbox import bwrap_problem
+
+    return bwrap_problem()
+
+
+# the tests that grade in bubblewrap's sandbox: skipped, saying why, where it cannot run
+needs_bwrap = pytest.mark.skipif(_sandbox_problem() is not None, reason=f"no sandbox here: {_sandbox_problem()}")
+
+
 @pytest.fixture
 def without_fused_kernel(monkeypatch):
     """``impl="auto"`` as where the fused CPU kernel is not built (ALIBI_REF_FUSED=0, alibi_ref.fused): for the

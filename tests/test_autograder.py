@@ -3,7 +3,6 @@
 import ast
 import asyncio
 import contextlib
-import csv
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import FAST
+from conftest import FAST, csv_rows, needs_bwrap
 
 from alibi_ref.course.checks import GRADING_ENV
 from autograder.collect import collect
@@ -26,7 +25,6 @@ from autograder.grade import grade
 from autograder.sandbox import (
     SandboxedKernelManager,
     SandboxPolicy,
-    bwrap_problem,
     new_scratch,
     sandbox_user,
     sweep_scratch,
@@ -39,12 +37,8 @@ SAMPLE = ROOT / "autograder" / "sample_class"
 SOLUTIONS = ROOT / "solutions" / "alibi"
 RELEASE = ROOT / "course" / "alibi"
 NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
-needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
 
 
-def _rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @needs_bwrap
@@ -63,8 +57,8 @@ def test_a_busy_machine_costs_time_not_points(tmp_path):
         for hog in hogs:
             hog.kill()
             hog.wait()
-    expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
-    got = {(r["student"], r["notebook"]): r for r in _rows(tmp_path / "out" / "grades.csv")}
+    expected = {(r["student"], r["notebook"]): r for r in csv_rows(SAMPLE / "expected.csv")}
+    got = {(r["student"], r["notebook"]): r for r in csv_rows(tmp_path / "out" / "grades.csv")}
     for key in picks:
         want = expected.get(key, {"score": None, "status": "graded"})
         want_score = float(want["score"]) if want["score"] else float(got[key]["max_score"])
@@ -97,7 +91,7 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
         done_file = out / "state" / student / "alibi" / "done.sha256"
         assert done_file.stat().st_mtime_ns == mtime, f"{student} was graded again"
     assert (tmp_path / "elsewhere.db").exists() and not (out / "gradebook.db").exists(), "--db was not used"
-    rows = _rows(out / "grades.csv")
+    rows = csv_rows(out / "grades.csv")
     graded = {r["student"]: r for r in rows if r["notebook"] == "03_slope_zero"}
     assert {s: (float(r["score"]), r["status"]) for s, r in graded.items()} == {
         s: (3.0, "graded") for s in ("s1", "s2", "s3", "s4")}
@@ -862,7 +856,7 @@ def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
     shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs)
     with pytest.warns(UserWarning, match="sandbox disabled"):
         report = grade(tmp_path / "subs", tmp_path / "out", sandbox=False, **FAST)
-    rows = {r["notebook"]: r for r in _rows(tmp_path / "out" / "grades.csv")}
+    rows = {r["notebook"]: r for r in csv_rows(tmp_path / "out" / "grades.csv")}
     assert (float(rows["03_slope_zero"]["score"]), rows["03_slope_zero"]["status"]) == (3.0, "graded")
     assert report.totals()["solo"] == 3.0
 

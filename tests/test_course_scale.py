@@ -16,22 +16,17 @@ from pathlib import Path
 import nbformat
 import pytest
 import tiny_course
-from conftest import FAST
+from conftest import FAST, csv_rows, needs_bwrap
 
 from autograder.grade import grade
-from autograder.sandbox import bwrap_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
 
 
-def _rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _scores(path) -> dict[tuple[str, str, str], tuple[float, str]]:
-    return {(r["student"], r["assignment"], r["notebook"]): (float(r["score"]), r["status"]) for r in _rows(path)}
+    return {(r["student"], r["assignment"], r["notebook"]): (float(r["score"]), r["status"]) for r in csv_rows(path)}
 
 
 def _hand_in(folder: Path, course: Path, assignment: str, notebook: str, answers, written=None) -> None:
@@ -87,7 +82,7 @@ def test_a_students_scripts_and_packages_run_and_the_assignments_own_files_win(t
         (tmp_path / "subs" / "pkg" / "hw1" / "own_squares" / name).write_text(source)
     grade(tmp_path / "subs", tmp_path / "out", course=course, assignments=["hw1"], **FAST)
     scores = _scores(tmp_path / "out" / "grades.csv")
-    reasons = {r["student"]: r["reason"] for r in _rows(tmp_path / "out" / "grades.csv")}
+    reasons = {r["student"]: r["reason"] for r in csv_rows(tmp_path / "out" / "grades.csv")}
     assert scores["kept", "hw1", "squares"] == scores["own", "hw1", "squares"] == (2.0, "graded"), reasons
     assert scores["pkg", "hw1", "squares"] == (2.0, "graded"), reasons
 
@@ -100,7 +95,7 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path, capsys):
     report = grade(tmp_path / "subs", out, course=course, **FAST)
     assert _scores(out / "grades.csv") == expected
     assert report.course_id == tiny_course.COURSE_ID
-    reasons = {(r["student"], r["assignment"]): r["reason"] for r in _rows(out / "grades.csv")}
+    reasons = {(r["student"], r["assignment"]): r["reason"] for r in csv_rows(out / "grades.csv")}
     assert "the kernel died in cell 1" in reasons["dies", "hw1"]
     assert "test_squares" in reasons["part", "hw1"]
     # feedback per student and assignment, without the hidden tests
@@ -253,8 +248,8 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
     engine.dispose()
     url = postgres_url.replace("/gradebook?", "/dask_run?")
     local_out, _, _ = graded_sample_class
-    local_rows = [r for r in _rows(local_out / "grades.csv") if r["student"] in DASK_STUDENTS]
-    assert {r["status"] for r in local_rows} == {r["status"] for r in _rows(local_out / "grades.csv")}
+    local_rows = [r for r in csv_rows(local_out / "grades.csv") if r["student"] in DASK_STUDENTS]
+    assert {r["status"] for r in local_rows} == {r["status"] for r in csv_rows(local_out / "grades.csv")}
     submissions = tmp_path / "submissions"
     submissions.mkdir()
     for handed_in in (ROOT / "autograder" / "sample_class" / "submissions").iterdir():
@@ -266,11 +261,11 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
     (out / "state").mkdir(parents=True)
     shutil.copy(local_out / "state" / "hidden-cases.key", out / "state" / "hidden-cases.key")
     grade(submissions, out, db=url, scheduler=address, **FAST)
-    assert _without_retry_notes(_rows(out / "grades.csv")) == _without_retry_notes(local_rows)
+    assert _without_retry_notes(csv_rows(out / "grades.csv")) == _without_retry_notes(local_rows)
     # nbgrader's own export of the gradebook agrees too, and the feedback pages are there
     by_student = lambda rows: sorted(rows, key=lambda r: r["student_id"])  # noqa: E731
-    assert by_student(_rows(out / "nbgrader_grades.csv")) == by_student(
-        r for r in _rows(local_out / "nbgrader_grades.csv") if r["student_id"] in DASK_STUDENTS)
+    assert by_student(csv_rows(out / "nbgrader_grades.csv")) == by_student(
+        r for r in csv_rows(local_out / "nbgrader_grades.csv") if r["student_id"] in DASK_STUDENTS)
     local_pages = sorted(p.relative_to(local_out) for p in (local_out / "feedback").rglob("*.html")
                          if p.relative_to(local_out / "feedback").parts[0] in DASK_STUDENTS)
     assert sorted(p.relative_to(out) for p in (out / "feedback").rglob("*.html")) == local_pages
@@ -308,7 +303,7 @@ def test_a_worker_killed_mid_grading_loses_nothing(dask_cluster, tmp_path):
     printed, _ = grading.communicate(timeout=300)
     assert grading.returncode == 0, printed
     assert _scores(out / "grades.csv") == expected, printed
-    assert all(r["status"] != "error" for r in _rows(out / "grades.csv"))
+    assert all(r["status"] != "error" for r in csv_rows(out / "grades.csv"))
     # re-running on the cluster is idempotent: nothing is graded again
     before = {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")}
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)

@@ -9,29 +9,23 @@ import time
 from pathlib import Path
 
 import nbformat
-import pytest
-from conftest import FAST
+from conftest import FAST, csv_rows, needs_bwrap
 
 from autograder.grade import grade
-from autograder.sandbox import bwrap_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "autograder" / "sample_class"
 RELEASE = ROOT / "course" / "alibi"
 NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
-needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no sandbox here: {bwrap_problem()}")
 
 
-def _rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @needs_bwrap
 def test_sample_class_scores_and_statuses(graded_sample_class):
     out, report, _ = graded_sample_class
-    expected = {(r["student"], r["notebook"]): r for r in _rows(SAMPLE / "expected.csv")}
-    got = {(r["student"], r["notebook"]): r for r in _rows(out / "grades.csv")}
+    expected = {(r["student"], r["notebook"]): r for r in csv_rows(SAMPLE / "expected.csv")}
+    got = {(r["student"], r["notebook"]): r for r in csv_rows(out / "grades.csv")}
     students = {s for s, _ in expected}
     assert set(got) == {(s, n) for s in students for n in NOTEBOOKS}, "one row per student and notebook"
     for key, row in got.items():
@@ -47,7 +41,7 @@ def test_sample_class_scores_and_statuses(graded_sample_class):
 @needs_bwrap
 def test_reasons_say_what_happened(graded_sample_class):
     out, _, _ = graded_sample_class
-    reasons = {(r["student"], r["notebook"]): r["reason"] for r in _rows(out / "grades.csv")}
+    reasons = {(r["student"], r["notebook"]): r["reason"] for r in csv_rows(out / "grades.csv")}
     cy = reasons["cy", "01_slopes_and_bias"]
     assert "test_paper_slopes (CheckFailed: paper_slopes(12): 12 of 12 entries are off" in cy
     assert "Hint: for a head count that is not a power of two" in cy
@@ -113,7 +107,7 @@ def test_reasons_say_what_happened(graded_sample_class):
 def test_outputs_for_the_instructor(graded_sample_class):
     out, _, _ = graded_sample_class
     assert (out / "grades.png").stat().st_size > 10_000
-    assert _rows(out / "nbgrader_grades.csv"), "nbgrader's own export is written"
+    assert csv_rows(out / "nbgrader_grades.csv"), "nbgrader's own export is written"
     assert (out / "gradebook.db").exists()
     for student in ("ada", "cy", "hal", "oli"):
         assert list((out / "feedback" / student).glob("*.html")), f"no feedback for {student}"
