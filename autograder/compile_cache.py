@@ -23,6 +23,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -44,10 +45,11 @@ def uses_jax(nb) -> bool:
     return any(c.cell_type == "code" and _IMPORTS_JAX.search(c.source) for c in nb.cells)
 
 
-def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -> int:
+def fill(source: Path, target: Path, policy_for: Callable[[Path], SandboxPolicy], cell_timeout: int) -> int:
     """Run the notebooks in ``source`` that import JAX (the instructor's, solutions included) in the
-    sandbox and keep the compilation cache they fill in ``target``. Returns the number of programs
-    cached. A notebook that fails fills what it reached: the cache only makes grading faster."""
+    sandbox each gets (``policy_for(path)``) and keep the compilation cache they fill in ``target``. Returns
+    the number of programs cached. A notebook that fails fills what it reached: the cache only makes
+    grading faster."""
     notebooks = [(path, nb) for path in sorted(source.glob("*.ipynb")) if uses_jax(nb := nbformat.read(path, 4))]
     shutil.rmtree(target, ignore_errors=True)
     if not notebooks:
@@ -58,7 +60,7 @@ def fill(source: Path, target: Path, policy: SandboxPolicy, cell_timeout: int) -
             for data in source.iterdir():  # the data files the notebooks read
                 if data.is_file() and data.suffix != ".ipynb":
                     shutil.copy(data, scratch / data.name)
-            km = SandboxedKernelManager(policy=policy, scratch=scratch)
+            km = SandboxedKernelManager(policy=policy_for(path), scratch=scratch)
             try:
                 NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=True).execute()
             except Exception as err:  # a kernel that died or a cell past its time: keep what was compiled

@@ -99,7 +99,7 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
     """The Dask task: grade one student's assignment in a private copy of the course; return the
     executed, judged notebooks ({name: bytes}), their outcome files and what nbgrader failed on."""
     from .job import grade_student, write_submitted
-    from .prepare import prepare_compile_cache, tree_hash
+    from .prepare import prepare_compile_cache, prepare_kernel_files, tree_hash
     from .sandbox import bwrap_problem
     from .workspace import ensure_tools_on_path
 
@@ -113,7 +113,9 @@ def grade_on_worker(s, bundle: bytes, student: str, assignment: str, notebooks: 
         ws = _worker_settings(s, work)
         # what this machine computes once, not the bundle (it would travel with every task): JAX's compilation
         # cache here; the reference's values this worker process computes as it first judges them
-        prepare_compile_cache(ws, assignment, tree_hash(work / "course" / "source" / assignment))
+        source_hash = tree_hash(work / "course" / "source" / assignment)
+        prepare_kernel_files(ws, assignment, source_hash)  # the cases (the bundle's secret) and the views
+        prepare_compile_cache(ws, assignment, source_hash)
         submitted = work / "course" / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         write_submitted(submitted, notebooks, files)

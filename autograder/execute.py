@@ -17,8 +17,11 @@ whole submission, passing cells included. This one records what happened instead
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import shutil
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -29,7 +32,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Enum, Integer, List, Unicode
 
-from alibi_ref.course.checks import MIME as CHECK_MIME
+from alibi_ref.course.wire import MIME as CHECK_MIME
 
 from .compile_cache import lend
 from .files import read_tail
@@ -42,6 +45,7 @@ from .screen import (
     run_scripts,
     screen_notebook,
 )
+from .verdicts import check_calls
 from .verdicts import error_output as _error
 
 
@@ -103,8 +107,15 @@ class SandboxedExecute(Execute):
     compile_cache_dir = Unicode("", help="Where ASSIGNMENT/ holds JAX's compilation cache filled from the "
                                          "instructor's notebooks; each kernel gets a copy (compile_cache.py)"
                                 ).tag(config=True)
-    hidden_cases_key = Unicode("", help="The file with the grader's secret for the hidden cases (hex), handed to "
-                                         "each kernel; none: the hidden seeds alone").tag(config=True)
+    checks_module = Unicode("alibi_ref.course.grading", help="The course's grading module: its views of the "
+                                                               "package (views_of, write_view) and the variable its "
+                                                               "checks read the cases from (GRADING_ENV)"
+                            ).tag(config=True)
+    views_dir = Unicode("", help="Where ASSIGNMENT/KEY holds each view of the course's package "
+                                 "(prepare.prepare_kernel_files); none: kernels see no package of the course's"
+                        ).tag(config=True)
+    cases_dir = Unicode("", help="Where ASSIGNMENT.cases.json holds the inputs of the assignment's checks, shown to "
+                                 "each kernel read-only").tag(config=True)
     preload = List(Unicode(), help="Modules the zygote imports before forking kernels: the course's heavy imports "
                                    "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
     output_limit = Integer(2 * 2**20, help="Bytes of output a cell keeps (text, and images as they came); the rest "
@@ -120,10 +131,28 @@ class SandboxedExecute(Execute):
                                                      "its own budget would still fill the grader").tag(config=True)
 
     def create_kernel_manager(self):
-        secret = Path(self.hidden_cases_key).read_text().strip() if self.hidden_cases_key else ""
         self.km = self._sandboxed = SandboxedKernelManager(policy=self._policy, scratch=self._scratch,
-                                                           zygote=self._zygote, secret=secret)
+                                                           zygote=self._zygote)
         return self.km
+
+    forced_view = None  # (key, folder): the view a run again (``run_again``) sees, in place of the notebook's own
+
+    def run_again(self, nb, resources, helpers: tuple[str, ...], lent: tuple[str, ...] = ()):
+        """``nb`` (as it was before it ran) run once more, in a sandbox of its own whose view holds ``helpers`` and
+        the reference's ``lent`` upstream answers: the executed notebook, for ``JudgeChecks`` to read the checks
+        judged in that view from."""
+        grading = importlib.import_module(self.checks_module)
+        assignment = resources.get("nbgrader", {}).get("assignment", "")
+        key = grading.view_key(helpers, lent)
+        with tempfile.TemporaryDirectory(prefix="autograder-view-") as tmp:
+            folder = Path(self.views_dir) / assignment / key
+            if lent or not folder.is_dir():
+                folder = grading.write_view(Path(tmp), helpers, lent)
+            again = SandboxedExecute(parent=self.parent, config=self.config)
+            again.fork_kernels = False
+            again.forced_view = (key, str(folder))
+            ran, _ = again.preprocess(copy.deepcopy(nb), copy.deepcopy(resources))
+        return ran
 
     def preprocess(self, nb, resources, km=None):
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook), and the
@@ -131,10 +160,16 @@ class SandboxedExecute(Execute):
         folder = Path(resources.get("metadata", {}).get("path") or ".")
         student_modules = imported_modules(nb, module_sources(folder / MODULES))
         findings = screen_notebook(nb, student_modules)
+        assignment = resources.get("nbgrader", {}).get("assignment", "")
+        key, course = course_sandbox(self.checks_module, self.views_dir, self.cases_dir, assignment, nb,
+                                     self.forced_view)
+        unrun = copy.deepcopy(nb)
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit, use_bwrap=self.use_bwrap,
                                      tmp_bytes=self.tmp_limit, file_bytes=self.file_limit,
-                                     disk_bytes=self.disk_limit, disk_files=self.disk_files)
-        self._zygote = self._student_zygote(resources)
+                                     disk_bytes=self.disk_limit, disk_files=self.disk_files, **course)
+        # the zygote serves one view, the bare one: a notebook whose most checks see helpers gets a sandbox of its own
+        bare = key is None or key == importlib.import_module(self.checks_module).BARE
+        self._zygote = self._student_zygote(resources) if bare and self.forced_view is None else None
         self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
         for data in folder.iterdir() if folder.is_dir() else ():
             if data.is_file() and data.suffix != ".ipynb":
@@ -170,6 +205,12 @@ class SandboxedExecute(Execute):
             status, reason = "timeout", self._timeout_reason(stopped_at)
         self.resources["autograder_outcome"] = {"status": status, "reason": reason,
                                                 "seconds": round(time.monotonic() - start, 2)}
+        if key is not None and self.forced_view is None:
+            # for JudgeChecks: the view this run saw, and a run of the notebook as it came in another one
+            self.resources["autograder_view"] = key
+            resources_then = {k: v for k, v in resources.items() if not k.startswith("autograder")}
+            self.resources["autograder_run_again"] = lambda helpers, lent=(): self.run_again(
+                unrun, resources_then, helpers, lent)
         return self.nb, self.resources
 
     def _student_zygote(self, resources):
@@ -326,3 +367,30 @@ class SandboxedExecute(Execute):
                 cell.outputs.append(_error("GradingStopped", reason))
             else:
                 cell.outputs = [_error("NotRun", f"not run: {reason}")]
+
+
+def _graded_calls(nb) -> list[tuple[str, int | None]]:
+    """(exercise, seed) of every check the notebook's test cells make (their source is the instructor's)."""
+    return [call for cell in nb.cells if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")
+            for call in check_calls(cell.source)]
+
+
+def course_sandbox(checks_module: str, views_dir: str, cases_dir: str, assignment: str, nb,
+                   forced_view: tuple[str, str] | None = None) -> tuple[str | None, dict]:
+    """(the key of the view the notebook's kernel sees, what of its SandboxPolicy is the course's: the view's folder,
+    the cases file and the variable naming it). The view is the one most of its test cells' checks are judged in
+    (``JudgeChecks`` runs the notebook again for the others); (None, {}) for a course without views."""
+    if not (views_dir and checks_module and assignment):
+        return None, {}
+    grading = importlib.import_module(checks_module)
+    if not hasattr(grading, "views_of"):
+        return None, {}
+    if forced_view is None:
+        keys = list(grading.views_of(_graded_calls(nb)).values())
+        key = max(sorted(set(keys)), key=keys.count) if keys else grading.BARE
+        forced_view = (key, str(Path(views_dir) / assignment / key))
+    key, folder = forced_view
+    cases = Path(cases_dir) / f"{assignment}.cases.json" if cases_dir else None
+    if cases is None or not cases.exists():
+        return key, {"view": folder}
+    return key, {"view": folder, "cases": str(cases), "env": ((grading.GRADING_ENV, SandboxPolicy.cases_path),)}

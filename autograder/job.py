@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import outcomes
 from .collect import Submission
-from .workspace import Settings, nbgrader_api, state_dir
+from .workspace import Settings, nbgrader_api, notebook_policy, state_dir
 
 
 def grade_student(s: Settings, student: str, assignment: str, notebooks: list[str], *, feedback: bool = True,
@@ -64,7 +64,8 @@ def _grade_timeouts_again(s: Settings, student: str, assignment: str, failed: di
     for name in timeouts.timed_out(state_dir(s, student, assignment)):
         source = s.output / "course" / "source" / assignment / f"{name}.ipynb"
         limits = timeouts.scaled_limits(timeouts.Limits(s.cell_timeout, s.timeout),
-                                        *timeouts.solution_seconds(source, s.policy, s.cell_timeout))
+                                        *timeouts.solution_seconds(source, notebook_policy(s, assignment, source),
+                                                                   s.cell_timeout))
         again = nbgrader_api(s, name, limits=limits).autograde(assignment, student, force=True, create=True)
         if not again["success"]:
             failed[name] = _last_words(again)

@@ -10,7 +10,17 @@ import json
 import shutil
 from pathlib import Path
 
-from .workspace import Settings, checks_module, compile_cache_dir, expected_dir, hidden_cases_key, nbgrader_api
+from .workspace import (
+    Settings,
+    cases_file,
+    checks_module,
+    compile_cache_dir,
+    expected_dir,
+    hidden_cases_key,
+    nbgrader_api,
+    notebook_policy,
+    views_dir,
+)
 
 
 def tree_hash(folder: Path, pattern: str = "*") -> str:
@@ -41,6 +51,7 @@ def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(wanted)
         _prepare_expected_values(s, assignment, source_hash)
+        prepare_kernel_files(s, assignment, source_hash)
         prepare_compile_cache(s, assignment, source_hash)
         release = s.output / "course" / "release" / assignment
         releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
@@ -83,6 +94,34 @@ def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> 
                         build)
 
 
+def prepare_kernel_files(s: Settings, assignment: str, source_hash: str) -> None:
+    """What the sandbox shows each kernel of the assignment: the cases' inputs of every check its test cells make
+    (hidden ones drawn with the grader's secret) and the course's views of its package, one per set of helpers
+    (the course's ``write_cases`` and ``write_view``; a course without them has neither)."""
+    from .verdicts import read_secret, source_check_calls
+
+    module = checks_module(s)
+    grading = importlib.import_module(module)
+    if not hasattr(grading, "write_view"):
+        return
+    key = hidden_cases_key(s)
+    package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
+    source = s.output / "course" / "source" / assignment
+
+    def build() -> None:
+        calls = source_check_calls(source)
+        views = views_dir(s, assignment)
+        shutil.rmtree(views, ignore_errors=True)
+        for key_ in sorted(set(grading.views_of(calls).values()) | {grading.BARE}):
+            grading.write_view(views / key_, grading.helpers_in(key_))
+        cases_file(s, assignment).parent.mkdir(parents=True, exist_ok=True)
+        grading.write_cases(cases_file(s, assignment), calls, read_secret(key))
+
+    secret_hash = hashlib.sha256(key.read_bytes()).hexdigest()
+    _rebuild_if_changed(views_dir(s, assignment).with_suffix(".key"),
+                        source_hash + tree_hash(package, "*.py") + secret_hash, build)
+
+
 def prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> None:
     """JAX's compilation cache for the assignment, filled from its source notebooks (compile_cache.py)
     once while the source and JAX stay as they are."""
@@ -96,4 +135,5 @@ def prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> Non
         return
     source = s.output / "course" / "source" / assignment
     _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax,
-                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment, s.policy, s.cell_timeout))
+                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment,
+                                                   lambda path: notebook_policy(s, assignment, path), s.cell_timeout))

@@ -2,7 +2,9 @@
 
 The sandbox starts from an empty root and binds in, read-only, only what a Python kernel
 needs: the system's programs and libraries (/usr, /bin, /lib...), a few harmless files of
-/etc, the Python installation, the virtual environment and the reference package. Nothing
+/etc, the Python installation, the virtual environment, and the course's view of its own package
+(``SandboxPolicy.view``: for this course the checks and only the helpers the notebook's answers may
+use, never the reference) with the cases' inputs (``SandboxPolicy.cases``). Nothing
 else of the machine exists inside: not the course with its solutions and hidden tests, not
 the gradebook, not the grading output, not any other submission, wherever they lie. One
 scratch folder per notebook is bound writable; the kernel runs there. It has its own network
@@ -28,6 +30,7 @@ the same limits and scratch folder, after a warning: a weaker fallback for trust
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import secrets
@@ -46,16 +49,10 @@ from queue import Empty
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Instance, Unicode
-
-import alibi_ref
-from alibi_ref.course import checks
-from alibi_ref.course.checks import GRADING_ENV
+from traitlets import Instance
 
 from .cgroup import SandboxCgroup
 from .screen import MODULES
-
-CHECKS_MODULE = checks.__name__
 
 # what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/sys")
@@ -74,6 +71,10 @@ class SandboxPolicy:
     disk_bytes: int = 2 * 2**30  # the most its scratch folder may hold, all files together, looked at each second
     disk_files: int = 100_000  # and the most files and folders in it
     processes: int = 512  # processes and threads of the whole sandbox (JAX starts about 60 on 16 cores)
+    view: str | None = None  # a folder of packages, each bound in place of the installed package of its name
+    cases: str | None = None  # a file the course's checks read, bound read-only at ``cases_path``
+    cases_path: str = "/grading/cases.json"
+    env: tuple[tuple[str, str], ...] = ()  # the course's variables in every kernel's environment
 
     @property
     def sandbox_memory_bytes(self) -> int:
@@ -204,12 +205,22 @@ def warn_if_unsandboxed(policy: SandboxPolicy) -> None:
 
 
 def _python_roots() -> list[str]:
-    """Folders the kernel's Python needs: the venv, the base installation, the packages' folders
-    (site-packages that a .pth file adds from elsewhere) and the reference package itself, which an
-    editable install serves from a checkout: that folder only, never the checkout with its solutions."""
+    """Folders the kernel's Python needs: the venv, the base installation and the packages' folders
+    (site-packages that a .pth file adds from elsewhere). Never a checkout, with its solutions."""
     packages = {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
-    roots = {sys.prefix, sys.base_prefix, str(Path(alibi_ref.__file__).parent), *packages}
-    return sorted(roots)
+    return sorted({sys.prefix, sys.base_prefix, *packages})
+
+
+def view_binds(view: str | None) -> list[tuple[str, str]]:
+    """(source, where) for each package folder in ``view``: bound where Python finds the installed package of
+    that name (in site-packages, or the checkout an editable install serves it from), so that the kernel
+    imports the view's files and sees nothing else of the package."""
+    binds = []
+    for folder in sorted(Path(view).iterdir()) if view else ():
+        spec = importlib.util.find_spec(folder.name)  # the package's folder, without importing it
+        if spec is not None and spec.submodule_search_locations:
+            binds.append((str(folder), str(Path(next(iter(spec.submodule_search_locations))).resolve())))
+    return binds
 
 
 def sandbox_prefix(policy: SandboxPolicy, scratch: Path, uid: int | None = None, cgroup=None) -> list[str]:
@@ -232,15 +243,16 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path, uid: int | None = None,
     cmd = [*join, "bwrap", "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
            "--perms", "1777", "--dir", "/var/tmp"]
     made = {"/", "/tmp", "/dev"}
-    for path in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len), str(scratch)):
-        if not os.path.lexists(path):
-            continue
+    binds = [(p, p) for p in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len), str(scratch))
+             if os.path.lexists(p)]
+    binds += view_binds(policy.view) + ([(policy.cases, policy.cases_path)] if policy.cases else [])
+    for source, path in binds:
         # the folders on the way, made in the sandbox's root traversable: bwrap would copy their modes (/root: 0700)
         for folder in reversed(Path(path).parents):
             if str(folder) not in made:
                 made.add(str(folder))
                 cmd += ["--perms", "0755", "--dir", str(folder)]
-        cmd += ["--bind" if path == str(scratch) else "--ro-bind", path, path]
+        cmd += ["--bind" if path == str(scratch) else "--ro-bind", source, path]
     cmd += ["--chdir", str(scratch), *namespaces, "--die-with-parent", "--new-session",
             "--remount-ro", "/", "--remount-ro", "/dev", "--"]
     return cmd + (_switch_user(uid) if uid is not None else []) + limit
@@ -309,10 +321,9 @@ class SandboxedKernelManager(AsyncKernelManager):
     policy = Instance(SandboxPolicy)
     scratch = Instance(Path)
     zygote = Instance("autograder.zygote.Zygote", allow_none=True)
-    secret = Unicode("")  # the grader's secret for the hidden cases (hex), which the kernel's checks take
 
-    def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = "", **kwargs):
-        super().__init__(policy=policy, scratch=scratch, zygote=zygote, secret=secret, kernel_name="python3",
+    def __init__(self, *, policy: SandboxPolicy, scratch: Path, zygote=None, **kwargs):
+        super().__init__(policy=policy, scratch=scratch, zygote=zygote, kernel_name="python3",
                          transport="ipc",
                          ip=str(scratch / "kernel"), connection_file=str(scratch / "kernel.json"),
                          autorestart=False, client_class="autograder.sandbox.SandboxedKernelClient", **kwargs)
@@ -324,9 +335,6 @@ class SandboxedKernelManager(AsyncKernelManager):
             # would take that for an orphaned kernel and exit; --die-with-parent ends it with the grader
             argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                     "--IPKernelApp.parent_handle=0"]
-            if self.secret:  # the checks before any cell: their audit hook takes the secret out of the
-                # environment before a cell could read it (a forked kernel has them from the zygote)
-                argv.append(f"--IPKernelApp.exec_lines=import {CHECKS_MODULE}")
             self._kernel_spec = KernelSpec(argv=argv, display_name="Python 3 (sandboxed)", language="python",
                                            interrupt_mode="message")
         return self._kernel_spec
@@ -373,12 +381,12 @@ class SandboxedKernelManager(AsyncKernelManager):
         write_startup(self.scratch)
         if self.zygote is not None:  # a fork of the student's zygote, inside its sandbox (zygote.py)
             hand_over(self.scratch, self.zygote.uid)
-            self.provisioner.process = self.zygote.spawn(Path(self.connection_file), self.scratch, self.secret)
+            self.provisioner.process = self.zygote.spawn(Path(self.connection_file), self.scratch)
             self.provisioner.pid, self.provisioner.pgid = self.provisioner.process.pid, None
             self._reconcile_connection_info(self.provisioner.connection_info)
             return
         kw["cwd"] = str(self.scratch)
-        kw["env"] = kernel_env(self.scratch, self.secret)
+        kw["env"] = kernel_env(self.scratch, self.policy)
         # the kernel's own chatter goes to a log, read back if it dies
         kw["stdout"] = subprocess.DEVNULL
         # the process keeps it open; made here, so no file of the student's stands in its place
@@ -403,8 +411,8 @@ def _set_up_for_grading():
     sys.path.append(os.path.join(os.getcwd(), "{MODULES}"))
 
     # code compiled with torch.compile runs as the Python it was traced from: inductor would start a C++
-    # compiler (Triton's on a GPU), a process the checks refuse to start for a cell when grading, and an
-    # honest compiled call failed. Where torch is not imported yet (a kernel not forked from the zygote),
+    # compiler (Triton's on a GPU) for every kernel, seconds each, and a graded run's time would depend on
+    # the compiler's cache. Where torch is not imported yet (a kernel not forked from the zygote),
     # from the first cell after it is: importing it here would cost every kernel its memory
     def eager(*_):
         torch = sys.modules.get("torch")
@@ -441,7 +449,7 @@ def write_startup(scratch: Path) -> None:
     (folder / "00-grading.py").write_text(STARTUP)
 
 
-def kernel_env(scratch: Path, secret: str = "") -> dict:
+def kernel_env(scratch: Path, policy: SandboxPolicy | None = None) -> dict:
     """A small environment: nothing of the grader's own variables leaks into the kernel."""
     env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
@@ -460,9 +468,7 @@ def kernel_env(scratch: Path, secret: str = "") -> dict:
         # not XLA's GPU autotuning cache: JAX would put its folder, which differs per kernel, into every key
         "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
         "NBGRADER_EXECUTION": "autograde",
-        # the notebooks' checks hand their values back instead of judging them in the kernel, and draw the
-        # hidden cases with the grader's secret where there is one
-        GRADING_ENV: secret or "1",
+        **dict(policy.env if policy is not None else ()),
     }
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the machine's BLAS workarounds
         if name in os.environ:

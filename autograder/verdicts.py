@@ -1,13 +1,18 @@
 """The verdict of each test cell, reached in the grader's own process.
 
 The notebooks' test cells call ``check(...)`` (``alibi_ref.course.checks``). Under the autograder
-the kernel only runs the student's answer on the exercise's cases and hands the values back as a
-display output; nothing there judges. ``JudgeChecks`` runs after the sandboxed execution and
+the kernel only runs the student's answer on the cases the grader drew and hands the values back
+as a display output; nothing there judges. ``JudgeChecks`` runs after the sandboxed execution and
 before nbgrader's ``SaveAutoGrades``: for each test cell it reads the values handed back for
 every ``check`` call in the cell's own source (restored from the gradebook, so the student cannot
 have changed it), has the course's ``judge`` compare them with the reference here, and leaves
 the cell failed (an error output with the verdict) or passed (the verdict as printed text). The
 handed-back values are removed from the notebook. A check whose values never came back fails.
+
+Each check is judged from a run whose view of the course's package holds exactly the helpers its
+exercise may use (the course's ``views_of``): a notebook whose checks see different helpers is run
+once more per other view (``SandboxedExecute.run_again``). A downstream check that failed beside a
+failed upstream one is judged again from a rescue run that lends it the reference's upstream answers.
 What else a checked test cell showed (prints, notes on stderr, a progress bar, displays) is dropped:
 its score comes from the verdicts and from whether the cell raised, never from what else it printed
 (nbgrader fails any cell with stderr), and nothing a cell of the student's made it print (a hidden
@@ -85,22 +90,72 @@ _LOADED: dict[str, float] = {}  # an expected values file -> its mtime when this
 
 
 class JudgeChecks(NbGraderPreprocessor):
-    checks_module = Unicode("alibi_ref.course.checks", help="The module with MIME (the payloads' type), "
-                                                           "judge(payload) -> Verdict and Verdict").tag(config=True)
+    checks_module = Unicode("alibi_ref.course.grading", help="The course's grading module: MIME (the payloads' "
+                                                             "type), judge(payload, secret) -> Verdict, Verdict, and "
+                                                             "where it has views (views_of, upstream_of) the runs of "
+                                                             "other views and rescue runs").tag(config=True)
     expected_dir = Unicode("", help="Where ASSIGNMENT.pickle holds the reference's values for its checks, "
                                     "computed once (save_expected_values); none: each process computes them"
                            ).tag(config=True)
-    hidden_cases_key = Unicode("", help="The file with the grader's secret, with which the kernels drew the "
-                                        "hidden cases (SandboxedExecute.hidden_cases_key)").tag(config=True)
+    hidden_cases_key = Unicode("", help="The file with the grader's secret, with which the grader drew the "
+                                        "hidden cases the kernels ran").tag(config=True)
 
     def preprocess(self, nb, resources):
         checks = importlib.import_module(self.checks_module)
         self._secret = read_secret(self.hidden_cases_key)
         self._load_expected(checks, resources.get("nbgrader", {}).get("assignment"))
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                self._judge_cell(cell, checks)
+        run_again, seen = resources.pop("autograder_run_again", None), resources.pop("autograder_view", None)
+        if resources.get("autograder_outcome", {}).get("status") == "timeout":
+            run_again = None  # it is graded again alone, with longer limits (timeouts.py): the other runs then
+        graded = {i: check_calls(cell.source) for i, cell in enumerate(nb.cells)
+                  if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")}
+        views = checks.views_of([c for calls in graded.values() for c in calls]) if run_again else {}
+        runs = {seen: nb}  # view key -> the notebook as run in that view
+        for key in sorted(set(views.values()) - {seen}):
+            runs[key] = run_again(checks.helpers_in(key))
+        verdicts = {}
+        for i, calls in graded.items():
+            for call in calls:
+                ran = runs[views.get(call, seen)].cells[i]
+                verdicts[i, call] = self._verdict(*call, self._payloads(ran, checks), checks,
+                                                  not _errors(ran.get("outputs", [])), self._secret)
+        if run_again:
+            self._rescue(nb, checks, graded, views, verdicts, run_again)
+        for cell in nb.cells:  # the values handed back go, checked test cell or not
+            cell.outputs = [o for o in cell.get("outputs", []) if not _handed_back(o, checks)]
+        for i, calls in graded.items():
+            if not calls:
+                continue  # not a checked test cell: nbgrader's own rule (an error fails it) stands
+            # why the cell stopped, as it ran in the view of its last check: the view the whole cell was written for
+            errors = _errors(runs[views.get(calls[-1], seen)].cells[i].get("outputs", []))
+            found = [v for c in calls if (v := verdicts[i, c]) is not None]
+            # the checks that did run say why first; then why the cell stopped, if it did
+            nb.cells[i].outputs = ([NotebookNode(output_type="stream", name="stdout", text=v.message + "\n")
+                                    for v in found if v.passed]
+                                   + [error_output("CheckFailed", v.message) for v in found if not v.passed] + errors)
         return nb, resources
+
+    def _rescue(self, nb, checks, graded, views, verdicts, run_again) -> None:
+        """Judge each failed downstream check again from a run that lends it the reference's version of the upstream
+        answers that failed their own checks (``Exercise.upstream``): one mistake costs one exercise. The run's view
+        holds those and the check's own helpers, so only this check's verdict is read from it."""
+        failed = {call[0] for (_, call), v in verdicts.items() if v is not None and not v.passed}
+        wanted: dict[tuple, list] = {}
+        for (i, call), verdict in verdicts.items():
+            lent = tuple(sorted(set(checks.upstream_of(call[0])) & failed))
+            if verdict is not None and not verdict.passed and lent:
+                wanted.setdefault((views.get(call), lent), []).append((i, call))
+        for (key, lent), calls in sorted(wanted.items()):
+            rescued = run_again(checks.helpers_in(key), lent)
+            for i, call in calls:
+                for payload in self._payloads(rescued.cells[i], checks):
+                    if payload.get("exercise") == call[0] and payload.get("seed") == call[1]:
+                        try:
+                            verdict = checks.judge(payload, self._secret, rescue=True)
+                        except (ValueError, KeyError, TypeError):
+                            continue
+                        if verdict.passed:
+                            verdicts[i, call] = verdict
 
     def _load_expected(self, checks, assignment) -> None:
         path = Path(self.expected_dir) / f"{assignment}.pickle"
@@ -111,23 +166,9 @@ class JudgeChecks(NbGraderPreprocessor):
             checks.load_expected(path)
             _LOADED[str(path)] = mtime
 
-    def _judge_cell(self, cell, checks) -> None:
-        payloads = [o.data[checks.MIME] for o in cell.get("outputs", [])
-                    if o.get("output_type") == "display_data" and checks.MIME in o.get("data", {})]
-        cell.outputs = [o for o in cell.get("outputs", [])
-                        if not (o.get("output_type") == "display_data" and checks.MIME in o.get("data", {}))]
-        meta = cell.metadata.get("nbgrader", {})
-        required = check_calls(cell.source) if meta.get("grade") else []
-        if not required:
-            return  # not a checked test cell: nbgrader's own rule (an error fails it) stands
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        verdicts = [self._verdict(name, seed, payloads, checks, not errors, self._secret)
-                    for name, seed in required]
-        failed = [error_output("CheckFailed", v.message) for v in verdicts if v is not None and not v.passed]
-        passed = [NotebookNode(output_type="stream", name="stdout", text=v.message + "\n")
-                  for v in verdicts if v is not None and v.passed]
-        # the checks that did run say why first; then why the cell stopped, if it did
-        cell.outputs = passed + failed + errors
+    @staticmethod
+    def _payloads(cell, checks) -> list:
+        return [o.data[checks.MIME] for o in cell.get("outputs", []) if _handed_back(o, checks)]
 
     @staticmethod
     def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None):
@@ -145,6 +186,14 @@ class JudgeChecks(NbGraderPreprocessor):
             return checks.Verdict(False, f"{name}: no results came back from the kernel (the cell stopped early, "
                                          "or check was replaced)") if must_have_run else None
         return next((v for v in verdicts if not v.passed), verdicts[0])
+
+
+def _handed_back(output, checks) -> bool:
+    return output.get("output_type") == "display_data" and checks.MIME in output.get("data", {})
+
+
+def _errors(outputs) -> list:
+    return [o for o in outputs if o.get("output_type") == "error"]
 
 
 class RecordOutcome(NbGraderPreprocessor):

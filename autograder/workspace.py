@@ -33,11 +33,6 @@ class Settings:
     course: Course
     compile_cache: Path | None = None  # where JAX's compilation caches are kept (default: machine_compile_cache)
 
-    @property
-    def policy(self) -> SandboxPolicy:
-        """The sandbox of the kernels the grader runs besides the students' (the solutions, timed or caching)."""
-        return SandboxPolicy(memory_bytes=self.memory_bytes, use_bwrap=self.sandbox)
-
 
 def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
     """The course's own configuration, with what grading needs set on top of it (``exchange``: its own
@@ -65,8 +60,11 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
     c.SandboxedExecute.memory_limit = s.memory_bytes
     c.SandboxedExecute.use_bwrap = s.sandbox
     c.RecordOutcome.state_dir = str(s.output / "state")
-    c.JudgeChecks.expected_dir = str(expected_dir(s))
-    c.JudgeChecks.hidden_cases_key = c.SandboxedExecute.hidden_cases_key = str(hidden_cases_key(s))
+    c.JudgeChecks.expected_dir = c.SandboxedExecute.cases_dir = str(expected_dir(s))
+    c.JudgeChecks.hidden_cases_key = str(hidden_cases_key(s))
+    c.SandboxedExecute.views_dir = str(s.output / "state" / "views")
+    if "checks_module" in c.JudgeChecks:  # a course that names its own
+        c.SandboxedExecute.checks_module = c.JudgeChecks.checks_module
     c.SandboxedExecute.compile_cache_dir = str(compile_cache_dir(s))
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
@@ -132,11 +130,13 @@ def expected_dir(s: Settings) -> Path:
     return s.output / "state" / "expected"
 
 
+SECRET_BYTES = 32
+
+
 def hidden_cases_key(s: Settings) -> Path:
     """The grader's secret for the hidden cases: made once per grading folder (so that a regrade draws the
-    same cases), readable by this user alone, travelling to Dask workers with the course."""
-    from alibi_ref.course.checks import SECRET_BYTES
-
+    same cases), readable by this user alone, travelling to Dask workers with the course. No kernel sees it:
+    it sees the cases drawn with it (``cases_file``)."""
     path = s.output / "state" / "hidden-cases.key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +150,28 @@ def hidden_cases_key(s: Settings) -> Path:
         finally:
             draft.unlink()
     return path
+
+
+def cases_file(s: Settings, assignment: str) -> Path:
+    """The inputs of the assignment's checks, drawn with the grader's secret: shown read-only to every kernel."""
+    return expected_dir(s) / f"{assignment}.cases.json"
+
+
+def views_dir(s: Settings, assignment: str) -> Path:
+    """The course's views of its package for the assignment's kernels, one folder per set of helpers."""
+    return s.output / "state" / "views" / assignment
+
+
+def notebook_policy(s: Settings, assignment: str, notebook: Path) -> SandboxPolicy:
+    """The sandbox of one of the instructor's notebooks run by the grader (timed, or filling a cache): the settings'
+    limits, and the view and cases the students' runs of that notebook see."""
+    import nbformat
+
+    from .execute import course_sandbox
+
+    _, course = course_sandbox(checks_module(s), str(s.output / "state" / "views"), str(expected_dir(s)), assignment,
+                               nbformat.read(notebook, as_version=4))
+    return SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox, **course)
 
 
 def checks_module(s: Settings) -> str:

@@ -34,14 +34,12 @@ import threading
 import time
 from pathlib import Path
 
-from alibi_ref.course.checks import GRADING_ENV
-
 from .cgroup import SandboxCgroup
 from .sandbox import SandboxPolicy, hand_over, kernel_env, new_scratch, sandbox_prefix, sandbox_user
 
 SERVER = Path(__file__).with_name("_zygote_server.py")
 # what of a kernel's environment is its own notebook's (kernel_env): all a spawn request may set in a fork
-PER_NOTEBOOK = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR", GRADING_ENV)
+PER_NOTEBOOK = ("HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JAX_COMPILATION_CACHE_DIR")
 START_TIMEOUT = 120  # seconds for the zygote's imports (torch on a loaded machine: a few)
 
 
@@ -66,9 +64,7 @@ class Zygote:
                ",".join(PER_NOTEBOOK), *preload]
         # the zygote's log, outside the sandbox: nothing of the student's can stand in its place
         self._log = tempfile.TemporaryFile()
-        # the zygote grades nothing: GRADING_ENV goes to each kernel (the checks' audit hook, imported
-        # here, takes a process with it set for one that runs answers, and refuses it to fork)
-        env = {name: value for name, value in kernel_env(home).items() if name != GRADING_ENV}
+        env = kernel_env(home, policy)  # the kernels it forks keep what is not theirs alone (PER_NOTEBOOK)
         self.process = subprocess.Popen(cmd, cwd=home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self._log, start_new_session=True)
         try:
@@ -106,10 +102,10 @@ class Zygote:
             raise ZygoteError("the kernel zygote is gone (no reply)")
         return json.loads(line)
 
-    def spawn(self, connection_file: Path, scratch: Path, secret: str = "") -> ZygoteProcess:
+    def spawn(self, connection_file: Path, scratch: Path) -> ZygoteProcess:
         """A kernel forked for one notebook, as jupyter_client's provisioner holds a kernel's Popen."""
-        # a kernel of its own would get kernel_env(scratch, secret); what of it is per notebook, this one gets too
-        env = {name: kernel_env(scratch, secret)[name] for name in PER_NOTEBOOK}
+        # a kernel of its own would get kernel_env(scratch); what of it is per notebook, this one gets too
+        env = {name: kernel_env(scratch)[name] for name in PER_NOTEBOOK}
         pid = self.request(op="spawn", connection_file=str(connection_file), cwd=str(scratch),
                            log=str(scratch / "kernel.log"), env=env)["pid"]
         return ZygoteProcess(self, pid)

@@ -16,10 +16,10 @@
 # Stages run in the order given, each under its own time limit so that one that hangs leaves the
 # others their time; `bench` and flex_tuning print and save each row as it finishes, so a stage cut
 # short keeps what it measured. What each stage writes goes to $OUT (the device tool's folder;
-# ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, reset.txt, tune-N.txt and tune-N/flex_tuning.jsonl (decode-N alike),
+# ./gpu_check elsewhere): env.txt, tests.txt, jax.txt, tune-N.txt and tune-N/flex_tuning.jsonl (decode-N alike),
 # bench-N/ (bench.json, bench.png) and bench-N.txt (window-N alike).
 # The machine's python3 holds torch with CUDA, JAX, Flax, pytest and hypothesis; the course's tools
-# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, reset, tune-N, decode-N, window-N (a sliding
+# (nbgrader, JupyterLab) are not needed here. Stages: env, tests, jax, tune-N, decode-N, window-N (a sliding
 # window on each path that takes one: which `auto` should pick for windows on CUDA, today sdpa), padded-N (a
 # left-padded batch: the same question for padding), or a size N for bench.
 #
@@ -41,7 +41,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 # torch, JAX and numpy newer than this machine's may warn of what they will change; not this check's subject
 pytest_=("$py" -m pytest -p no:cacheprovider -q -W "default::FutureWarning" -W "default::DeprecationWarning")
-[ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 jax reset
+[ $# -gt 0 ] || set -- env tests tune-16384 tune-4096 jax
 paths=${PATHS:-plain_sdpa alibi_default flex_no_bias}
 # benchmarks/flex_tuning.py's variants, most telling first (a stage cut short keeps its rows; each row times plain
 # SDPA beside it): cuDNN's own ALiBi (causal; 2.75x plain at 4096 on the H100 of 2026-11-27, not yet timed at 16384)
@@ -82,8 +82,6 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
           # CPU suite runs them
         stage jax 60 bash -c "$py -c 'import jax; print(\"JAX on\", jax.devices())' && ${pytest_[*]} tests/test_jax.py \
             -k 'not (numpy_torch_and_jax_agree_in_float64 or jax_fused_path_in_float32)'" ;;
-    reset)  # what the checks' per-check dynamo.reset() costs a student's next compiled call on CUDA
-        stage reset 60 "$py" benchmarks/dynamo_reset_cost.py ;;
     tune-[0-9]*)  # where flex's time goes and what might cut it: rows of variant, mask, pass; synced and queued
         n=${what#tune-}
         variants=$([ "$n" -ge 8192 ] && echo "$kernel_variants" || echo "$host_variants")
@@ -106,7 +104,7 @@ $py -m pip list 2>/dev/null | grep -iE '^(torch|triton|jax|jaxlib|flax|numpy|hyp
         stage "bench-$what" 200 "$py" -m alibi_ref bench --device cuda --sizes "$what" --dtype bfloat16 --backward \
             --paths $paths --output "$out/bench-$what" ;;
     *)
-        echo "unknown stage '$what': expected env, tests, jax, reset, tune-N, decode-N, window-N, padded-N or a sequence length N" >&2
+        echo "unknown stage '$what': expected env, tests, jax, tune-N, decode-N, window-N, padded-N or a sequence length N" >&2
         exit 2 ;;
     esac
 done

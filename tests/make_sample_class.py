@@ -259,7 +259,6 @@ def honest_but_unusual() -> dict:
         "%run quinn-heads.py", id="own-run-quinn-heads"))
     nbs["quinn-heads.py"] = ("import numpy as np\n\n\ndef head(X, n_heads, h):\n"
                              "    d = X.shape[1] // n_heads\n    return X[:, h * d:(h + 1) * d]\n")
-    slope_zero = cell(nb03, "standard_attention").source  # the cell's other answer, kept as the solution has it
     answer(nb03, "standard_attention", (
         "def standard_attention(Q, K, V, n_heads):\n"
         "    outputs, weights = [], []\n"
@@ -270,8 +269,7 @@ def honest_but_unusual() -> dict:
         "        w /= w.sum(axis=-1, keepdims=True)\n"
         "        outputs.append(w @ Vh)\n"
         "        weights.append(w)\n"
-        "    return np.hstack(outputs), np.stack(weights)\n\n\n"
-        + slope_zero[slope_zero.index("alibi_zero_output, _"):]))
+        "    return np.hstack(outputs), np.stack(weights)\n"))
     answer(nbs["05_schedules"], "the_head1", (
         "from alibi_ref import multi_head_alibi  # the name from before the course moved it\n\n"
         "the_head1 = {}\n"
@@ -425,8 +423,8 @@ def attacks_around_the_guard() -> dict:
         "    return real_run(name, lambda *args, **kwargs: table.pop(0), seed, device)\n\n\n"
         "m.run = precomputed", id="own-rebind")
     nb03 = filled("03_slope_zero")
-    answer(nb03, "standard_attention", "def standard_attention(Q, K, V, n_heads):\n    return None\n\n\n"
-                                       "alibi_zero_output = max_difference = 0.0\n")
+    answer(nb03, "standard_attention", "def standard_attention(Q, K, V, n_heads):\n    return None\n")
+    answer(nb03, "slope_zero", "alibi_zero_output = max_difference = 0.0\n")
     nb03.cells.insert(nb03.cells.index(cell(nb03, "standard_attention")), rebind)
     return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "03_slope_zero": nb03, "04_causal": nb04}
 

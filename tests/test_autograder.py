@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import FAST, csv_rows, needs_bwrap
 
-from alibi_ref.course.checks import GRADING_ENV
+from alibi_ref.course import grading
 from autograder.collect import collect
 from autograder.grade import grade
 from autograder.sandbox import (
@@ -100,9 +100,9 @@ def test_an_interrupted_run_resumes_without_regrading(tmp_path):
 # ----------------------------------------------------------------------------- the sandbox itself
 
 @contextlib.asynccontextmanager
-async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = ""):
+async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None):
     """(kernel manager, client) of a kernel started as the grader starts one, ready; shut down after."""
-    km = SandboxedKernelManager(policy=policy, scratch=scratch, zygote=zygote, secret=secret)
+    km = SandboxedKernelManager(policy=policy, scratch=scratch, zygote=zygote)
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
@@ -114,8 +114,8 @@ async def _sandboxed_kernel(policy: SandboxPolicy, scratch: Path, zygote=None, s
         await km.shutdown_kernel(now=True)
 
 
-async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path, zygote=None, secret: str = "") -> str:
-    async with _sandboxed_kernel(policy, scratch, zygote, secret) as (_, kc):
+async def _run_in_sandbox(code: str, policy: SandboxPolicy, scratch: Path, zygote=None) -> str:
+    async with _sandboxed_kernel(policy, scratch, zygote) as (_, kc):
         msg_id = kc.execute(code)
         printed = []
         while True:
@@ -142,7 +142,13 @@ def test_a_sandboxed_kernel_sees_nothing_it_should_not(tmp_path, forked):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    policy = SandboxPolicy(memory_bytes=2 * 2**30, tmp_bytes=32 * 2**20, file_bytes=64 * 2**20, processes=64)
+    # the view a notebook with no helper sees, and the cases of one hidden check, drawn with a secret
+    grading.write_view(tmp_path / "view")
+    secret = os.urandom(32)
+    grading.write_cases(tmp_path / "cases.json", [("paper_slopes", 7)], secret)
+    policy = SandboxPolicy(memory_bytes=2 * 2**30, tmp_bytes=32 * 2**20, file_bytes=64 * 2**20, processes=64,
+                           view=str(tmp_path / "view"), cases=str(tmp_path / "cases.json"),
+                           env=((grading.GRADING_ENV, SandboxPolicy.cases_path),))
     zygote = Zygote(policy, ["numpy"]) if forked else None
     scratch = zygote.scratch() if forked else new_scratch("kernel")
     code = f"""
@@ -177,6 +183,14 @@ attempt("small files", lambda: [fill(f, 16) for f in ("/tmp/small", "/dev/shm/sm
 attempt("remount", lambda: subprocess.run(["mount", "-o", "remount,rw,bind", {str(ROOT / 'alibi_ref')!r}],
                                           check=True, capture_output=True))
 attempt("write package", lambda: open({str(ROOT / 'alibi_ref' / 'planted.pth')!r}, "w").write("import os"))
+# the package is the view: the checks and the example, no reference, no exercises; the cases, and no secret
+attempt("import reference", lambda: __import__("alibi_ref.attention"))
+attempt("import exercises", lambda: __import__("alibi_ref.course.exercises"))
+attempt("from alibi_ref import get_slopes", lambda: __import__("alibi_ref").get_slopes)
+from alibi_ref.course.checks import run
+print("hidden check ran", len(run("paper_slopes", lambda n, max_bias=8.0: [0.0] * n, 7)["results"]))
+print("cases at", os.environ[{grading.GRADING_ENV!r}], os.path.getsize(os.environ[{grading.GRADING_ENV!r}]) > 0)
+print("environment", open("/proc/self/environ").read().replace(chr(0), " "))
 print("capabilities", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
 print("uid", os.getuid())
 attempt("parent's descriptors", lambda: os.listdir(f"/proc/{{os.getppid()}}/fd"))
@@ -204,9 +218,12 @@ print("spawned")
             zygote.close()
     listener.close()
     for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow", "fill tmp", "fill shm",
-                 "fill dev", "fill scratch", "remount", "write package", "100 processes"):
+                 "fill dev", "fill scratch", "remount", "write package", "100 processes", "import reference",
+                 "import exercises", "from alibi_ref import get_slopes"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
     assert "capabilities 0000000000000000" in printed, printed
+    assert "hidden check ran 22" in printed and f"cases at {SandboxPolicy.cases_path} True" in printed, printed
+    assert secret.hex() not in printed and (tmp_path / "cases.json").read_text().count(secret.hex()) == 0
     if forked:  # the zygote, whose pipes command it, is not the kernel's to trace or look into
         assert "parent's descriptors refused" in printed, printed
     if os.geteuid() == 0:  # a user of the sandbox's own, not root
@@ -225,37 +242,6 @@ print("spawned")
     time.sleep(0.5)
     leftovers = subprocess.run(["pgrep", "-f", "sleep 1234"], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", "a process started by the kernel outlived it"
-
-
-@needs_bwrap
-@pytest.mark.parametrize("forked", [False, True], ids=["own-sandbox", "forked-from-zygote"])
-def test_the_graders_secret_reaches_the_checks_and_no_cell(tmp_path, forked):
-    """The secret with which a kernel draws the hidden cases (checks.py): in the kernel's environment as it
-    starts, taken out by the checks' audit hook before the first cell, in a kernel of its own (the checks
-    imported first) or forked from a zygote (whose own environment never had it)."""
-    from alibi_ref.course.checks import SECRET_BYTES
-
-    secret = os.urandom(SECRET_BYTES).hex()
-    policy = SandboxPolicy(memory_bytes=2 * 2**30)
-    zygote = Zygote(policy, ["alibi_ref.course"]) if forked else None
-    scratch = zygote.scratch() if forked else new_scratch("kernel")
-    code = f"""
-import os
-print("environment", os.environ[{GRADING_ENV!r}])
-for path in ["/proc/self/environ", "/proc/" + str(os.getppid()) + "/environ"]:
-    try:
-        print(path, {secret!r} in open(path).read())
-    except (RuntimeError, OSError) as err:
-        print(path, "refused", type(err).__name__)
-"""
-    try:
-        printed = asyncio.run(_run_in_sandbox(code, policy, scratch, zygote, secret))
-    finally:
-        if zygote is not None:
-            zygote.close()
-    assert "environment 1" in printed, printed
-    assert secret not in printed and " True" not in printed, printed
-    assert "/proc/self/environ refused RuntimeError" in printed, printed
 
 
 async def _dies_after(code: str, policy: SandboxPolicy, scratch: Path, zygote) -> bool:

@@ -5,7 +5,6 @@ import os
 import pickle
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
@@ -14,12 +13,12 @@ import pytest
 import torch
 
 from alibi_ref import get_slopes
-from alibi_ref.course import (
-    checks,
-    exercises,
-    plots,
-)
-from alibi_ref.course.checks import EXERCISES, MIME, Case, ReferenceGuard, decode, encode, judge, run
+from alibi_ref.course import checks, exercises, model
+from alibi_ref.course import judge as judging
+from alibi_ref.course.checks import run
+from alibi_ref.course.judge import judge
+from alibi_ref.course.model import EXERCISES, Case
+from alibi_ref.course.wire import MAX_SEQUENCE, MIME, decode, encode
 from autograder.screen import screen_notebook
 from autograder.verdicts import JudgeChecks, check_calls, source_check_calls
 
@@ -155,8 +154,8 @@ def test_float32_answers_earn_the_points_and_a_real_error_does_not():
 
 def test_exact_cases_allow_no_slack():
     case = Case("c", atol=0.0, exact=True)
-    assert checks.compare_arrays(np.array([1e-7]), np.array([0.0]), case) is not None
-    assert checks.compare_arrays(np.array([1e-7]), np.array([0.0]), Case("c", atol=0.0)) is None
+    assert judging.compare_arrays(np.array([1e-7]), np.array([0.0]), case) is not None
+    assert judging.compare_arrays(np.array([1e-7]), np.array([0.0]), Case("c", atol=0.0)) is None
 
 
 @pytest.mark.parametrize(("name", "edits", "hint"), [
@@ -201,24 +200,34 @@ def _as_an_answer_returns(value, ex, case):
     return value
 
 
+def _given(case, packed, ex, spec):
+    """What a right answer hands back for a case whose value the exercise gives (a literal, a shape on the meta
+    device): that value, as the kernel encodes it."""
+    if isinstance(case.expected, exercises.MetaShape):
+        return {"value": encode(torch.empty(case.expected.shape, device="meta")), "device": "meta"}
+    if isinstance(case.expected, np.ndarray):
+        return {"value": encode(torch.tensor(case.expected, dtype=getattr(torch, case.dtype or "float64"))),
+                "device": "cpu"}
+    return checks._call(ex.reference, packed, spec, None)
+
+
 @pytest.mark.parametrize("name", sorted(name for name, ex in EXERCISES.items() if ex.mistakes))
 def test_every_classic_mistake_fails_the_hidden_checks_and_is_named_whatever_the_graders_secret(name):
     """The hidden cases are drawn from the grader's secret, different for every class: each draw must tell
     every named mistake from the right answer (and from the other mistakes, so its hint is the right one).
     The mistaken answer returns the mistake's values where the reference computes the expected ones, and
-    the reference's own values (lent, as a correct upstream is) where a case's value is given."""
+    the given value where a case's value is given (a mistake is named only where the answer ran on every case)."""
     ex = EXERCISES[name]
-    correct = checks._lend(ex.reference)
     for secret in (bytes(range(i, i + 32)) for i in (1, 77, 190)):
-        chosen = checks.cases(name, 7, secret)
+        chosen = model.cases(name, 7, secret)
+        spec = json.loads(json.dumps(model.kernel_cases(name, 7, secret)))  # what a graded kernel reads
         for mistake in ex.mistakes:
             with np.errstate(all="ignore"):  # the mistakes overflow as such answers do
-                    results = [{"value": encode(_as_an_answer_returns(mistake.variant(*c.args, **c.kwargs), ex, c)),
+                results = [{"value": encode(_as_an_answer_returns(mistake.variant(*c.args, **c.kwargs), ex, c)),
                             "device": "cpu" if ex.torch_inputs else None}
-                           if c.expected is None and not c.raises else checks._call(correct, c, ex, None, lent=True)
-                           for c in chosen]
-            payload = {"exercise": name, "seed": 7, "results": results}
-            v = judge({**payload, "signature": checks._signature(secret, payload)}, secret)  # as run() signs it
+                           if c.expected is None and not c.raises else _given(c, k, ex, spec)
+                           for c, k in zip(chosen, spec["cases"], strict=True)]
+            v = judge({"exercise": name, "seed": 7, "results": results}, secret)
             assert not v.passed and mistake.hint in v.message, (secret.hex()[:8], mistake.hint, v.message)
 
 
@@ -353,7 +362,7 @@ HONEST_FORMS = {  # name -> what it does to the reference's value, and whether i
 
 
 @pytest.mark.parametrize("name", sorted(name for name, ex in EXERCISES.items() if not (
-    ex.adapter or ex.torch_inputs or ex.jax_inputs or any(c.expected is not None for c in checks.cases(name, None))
+    ex.adapter or ex.torch_inputs or ex.jax_inputs or any(c.expected is not None for c in model.cases(name, None))
 )))
 def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_points(name):
     """Each NumPy exercise, answered with the reference's own values (looked up by the inputs, made outside
@@ -361,7 +370,7 @@ def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_p
     of these failed before: inputs changed in place (the cases share arrays) and nested lists."""
     ex = EXERCISES[name]
     for seed in (None, 5):
-        values = {_inputs_key(c.args, c.kwargs): ex.reference(*c.args, **c.kwargs) for c in checks.cases(name, seed)}
+        values = {_inputs_key(c.args, c.kwargs): ex.reference(*c.args, **c.kwargs) for c in model.cases(name, seed)}
         for form, (returned, in_place) in HONEST_FORMS.items():
             def honest(*args, values=values, returned=returned, in_place=in_place, **kwargs):
                 value = values[_inputs_key(args, kwargs)]
@@ -407,7 +416,7 @@ def test_torch_answers_in_every_form_honest_code_returns_a_tensor_earn_the_point
 
     for seed in (None, 5):
         values = {}
-        for case, expected in zip(checks.cases(name, seed), checks.expected_values(name, seed), strict=True):
+        for case, expected in zip(model.cases(name, seed), judging.expected_values(name, seed), strict=True):
             device = case.device or "cpu"
             args = tuple(checks._to_torch(a, device, case.input_dtype) for a in case.args)
             kwargs = {k: checks._to_torch(v, device, case.input_dtype) for k, v in case.kwargs.items()}
@@ -435,7 +444,7 @@ def test_flax_answers_as_a_jax_array_a_numpy_array_or_a_list_earn_the_points(nam
     forms = {"a JAX array": jnp.asarray, "a NumPy array": np.asarray, "a list": lambda v: np.asarray(v).tolist()}
     for seed in (None, 5):
         values = {}
-        for case, expected in zip(checks.cases(name, seed), checks.expected_values(name, seed), strict=True):
+        for case, expected in zip(model.cases(name, seed), judging.expected_values(name, seed), strict=True):
             jax_args = tuple(checks._to_jax(a, case.input_dtype) for a in case.args)
             values[_inputs_key(jax_args, {})] = np.asarray(expected, np.float32)
         for form, returned in forms.items():
@@ -459,235 +468,12 @@ def test_numbers_handed_back_as_lists_are_the_array_they_make():
                                                    "enumerate(bias)]"))
     assert "got a list or tuple of 2 items that do not make one array of numbers" in verdict("alibi_bias", fn).message
     halves = decode(encode([np.float32(0.25), np.float32(0.75)]))  # an expectation reads them as numbers too
-    assert checks.compare(halves, exercises.SumsTo(1.0), Case("the sum")) is None
-    long = [[0.0]] * (checks.MAX_SEQUENCE + 1)
-    assert decode(encode(long)).what.startswith(f"a sequence of {checks.MAX_SEQUENCE + 1} items")
+    assert judging.compare(halves, exercises.SumsTo(1.0), Case("the sum")) is None
+    long = [[0.0]] * (MAX_SEQUENCE + 1)
+    assert decode(encode(long)).what.startswith(f"a sequence of {MAX_SEQUENCE + 1} items")
 
 
 # ----------------------------------------------------------------------------- the guard
-
-def test_the_reference_is_caught_however_reached_and_an_allowed_helper_is_not():
-    from alibi_ref.course import multi_head_alibi
-    from alibi_ref.course.exercises import softmax as reference_softmax
-
-    for route, callee in [(lambda n, max_bias=8.0: plots.get_slopes(n, max_bias=max_bias), "alibi_ref.slopes"),
-                          (lambda n, max_bias=8.0: EXERCISES["paper_slopes"].reference(n, max_bias),
-                           "alibi_ref.course.exercises")]:
-        v = verdict("paper_slopes", route)
-        assert not v.passed and f"calls {callee}" in v.message, v.message
-    assert not verdict("softmax", reference_softmax).passed
-    # row_change's notebook lends multi_head_alibi: what it calls inside is not the answer's
-    ns = {"np": np, "multi_head_alibi": multi_head_alibi}
-    exec("def row_change(Q10, K10, V10, causal=False):\n"
-         "    _, w5 = multi_head_alibi(Q10[:5], K10[:5], V10[:5], 2, [0.5, 0.25], causal=causal)\n"
-         "    _, w10 = multi_head_alibi(Q10, K10, V10, 2, [0.5, 0.25], causal=causal)\n"
-         "    return np.abs(w10[:, :5, :5] - w5).max(axis=(0, 2))\n", ns)
-    assert verdict("row_change", ns["row_change"], 1).passed
-
-
-def test_switching_the_guard_off_is_caught():
-    import sys
-
-    def sneaky(n, max_bias=8.0):
-        sys.setprofile(None)
-        return get_slopes(n, max_bias=max_bias)
-
-    v = verdict("paper_slopes", sneaky)
-    assert not v.passed and "profiler was switched off" in v.message
-    with ReferenceGuard() as guard:
-        pass
-    assert guard.call is None
-
-
-def test_switching_the_profiler_off_and_back_on_around_a_reference_call_is_caught():
-    """The guard's hook cannot see what runs while it is switched off, nor tell at the end that it was, if the
-    answer put it back: Python's audit event for sys.setprofile does, however the call is reached."""
-    import cProfile
-    import os
-    import sys
-    import threading
-
-    def around(switch_off, switch_on, current=sys.getprofile):
-        def answer(n, max_bias=8.0):
-            hook = current()
-            switch_off()
-            try:
-                return get_slopes(n, max_bias=max_bias)
-            finally:
-                switch_on(hook)
-        return answer
-
-    profiler = cProfile.Profile()
-    routes = {
-        "sys.setprofile": around(lambda: sys.setprofile(None), sys.setprofile),
-        "a computed name": around(lambda: getattr(os.sys, "setprof" + "ile")(None),
-                                  lambda hook: getattr(os.sys, "setprof" + "ile")(hook)),
-        "map, from C": around(lambda: list(map(sys.setprofile, [None])),
-                              lambda hook: list(map(sys.setprofile, [hook]))),
-        "cProfile": around(profiler.enable, lambda hook: (profiler.disable(), sys.setprofile(hook))),
-    }
-
-    def in_a_thread_started_while_threads_get_no_hook(n, max_bias=8.0):
-        hook, box = threading.getprofile(), []
-        threading.setprofile(None)
-        worker = threading.Thread(target=lambda: box.append(get_slopes(n, max_bias=max_bias)))
-        worker.start()
-        worker.join()
-        threading.setprofile(hook)
-        return box[0]
-
-    routes["threading's hook"] = in_a_thread_started_while_threads_get_no_hook
-    for route, answer_fn in routes.items():
-        v = verdict("paper_slopes", answer_fn)
-        assert not v.passed and "profiler was switched off" in v.message, (route, v.message)
-    fn, _ = answer("paper_slopes")
-    assert verdict("paper_slopes", fn).passed  # the audit hook, now installed, leaves an honest answer alone
-
-
-def test_a_guard_started_inside_the_answer_is_caught_and_one_not_running_cannot_exit():
-    from alibi_ref.course import checks
-
-    def behind_a_guard_of_its_own(n, max_bias=8.0):
-        with checks.ReferenceGuard(trusted=(get_slopes,)):
-            return get_slopes(n, max_bias=max_bias)
-
-    v = verdict("paper_slopes", behind_a_guard_of_its_own)
-    assert not v.passed and "started a guard of its own" in v.message, v.message
-    with pytest.raises(RuntimeError, match="not running"):
-        checks.ReferenceGuard().__exit__(None, None, None)
-    with ReferenceGuard() as guard:
-        pass
-    with pytest.raises(RuntimeError, match="not running"):
-        guard.__exit__(None, None, None)  # a second exit (an answer ending the check's guard early, then the check)
-
-
-def forget_modules(*packages):
-    for name in [m for m in sys.modules if m.partition(".")[0] in packages]:
-        del sys.modules[name]
-
-
-def test_a_copy_of_the_reference_imported_under_another_name_is_the_reference(tmp_path, monkeypatch, request):
-    """The guard knew the reference by its files: the package copied into the kernel's folder and imported
-    under another name ran unseen, full marks for every exercise (yul in the sample class). Its code is
-    the reference's wherever it was loaded from, with its lines moved down and its docstrings changed
-    too; an answer that does the same arithmetic in code of its own is not a copy."""
-    import importlib
-    import re
-    import shutil
-
-    package = Path(checks.__file__).resolve().parents[1]
-    shutil.copytree(package, tmp_path / "mine", ignore=shutil.ignore_patterns("__pycache__"))
-    for path in package.rglob("*.py"):  # every line one further down and every docstring touched: the same code
-        moved = tmp_path / "moved" / path.relative_to(package)
-        moved.parent.mkdir(parents=True, exist_ok=True)
-        moved.write_text("\n" + re.sub(r'"""(?=[A-Z`])', '"""Mine. ', path.read_text()))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    request.addfinalizer(lambda: forget_modules("mine", "moved"))  # left imported, later tests' grading finds
-    for name in ("mine", "moved"):                                 # a student's mine.py "installed"
-        bias = importlib.import_module(f"{name}.bias")
-
-        def copied(slopes, q_len, k_len=None, causal=False, bias=bias):
-            return bias.alibi_bias(np.asarray(slopes, dtype=float), q_len, k_len, causal=causal)
-
-        v = verdict("alibi_bias", copied, 3)
-        assert not v.passed and "ran a copy of the reference's alibi_ref.bias.alibi_bias" in v.message, v.message
-        assert f"{name}/bias.py" in v.message
-    own, _ = answer("alibi_bias")
-    assert verdict("alibi_bias", own, 3).passed
-
-
-def test_a_graph_compiled_from_the_reference_before_the_check_is_seen_and_torch_compile_answers_run():
-    """torch.compile's cached graph of the reference (dynamic shapes: one graph for every case) ran with no frame
-    of the reference's and passed the visible checks; inside a check compiled code now runs as its Python."""
-    import warnings
-
-    from alibi_ref import alibi_attention
-
-    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
-    traced = torch.compile(lambda q, k, v, slopes, causal: alibi_attention(q, k, v, slopes, causal=causal,
-                                                                           impl="naive"),
-                           dynamic=True, backend="aot_eager")
-    for case in checks.cases("sdpa_alibi", None):  # warmed before the check, as an earlier cell would
-        q, k, v, slopes = (torch.tensor(a) for a in case.args[:4])
-        for causal in (False, True):
-            traced(q, k, v, slopes, causal)
-
-    def replayed(q, k, v, slopes, causal=False):
-        return traced(q, k, v, slopes, causal)
-
-    def stance_undone(q, k, v, slopes, causal=False):
-        torch.compiler.set_stance("default")
-        return traced(q, k, v, slopes, causal)
-
-    for cheat in (replayed, stance_undone):
-        v = verdict("sdpa_alibi", cheat)
-        assert not v.passed and ("calls alibi_ref" in v.message or "a way around the guard" in v.message), v.message
-        assert "Hint" not in v.message  # the reference's values are no mistake to name
-    torch.compiler.set_stance("default")
-
-    # an honest answer through torch.compile (FlexAttention compiled, as PyTorch's documentation runs it)
-    from torch.nn.attention.flex_attention import flex_attention
-
-    compiled_flex = torch.compile(flex_attention, backend="aot_eager")
-
-    def sdpa_alibi(q, k, v, slopes, causal=False):
-        shift = k.shape[-2] - q.shape[-2]
-
-        def score_mod(score, b, h, i, j):
-            biased = score - slopes[h] * (i + shift - j).abs()
-            return torch.where(j <= i + shift, biased, -float("inf")) if causal else biased
-
-        return compiled_flex(q, k, v, score_mod=score_mod)
-
-    for seed in (None, 3):
-        v = verdict("sdpa_alibi", sdpa_alibi, seed)
-        assert v.passed, v.message
-
-
-def test_the_reference_jitted_before_the_check_for_its_shapes_is_seen():
-    """jax.jit's cache replays the reference's program with no frame of it: warmed in an earlier cell for the
-    shapes the cases draw from (here the very ones), it passed every check of alibi_bias_jax."""
-    import jax
-    import jax.numpy as jnp
-
-    from alibi_ref import alibi_bias
-
-    jitted = jax.jit(lambda slopes, T: alibi_bias(slopes, T), static_argnums=1)
-    for seed in (None, 3):
-        for case in checks.cases("alibi_bias_jax", seed):
-            jitted(jnp.asarray(case.args[0], dtype=jnp.float32), case.args[1])
-
-    def alibi_bias_jax(slopes, T):
-        return jitted(slopes, T)
-
-    for seed in (None, 3):
-        v = verdict("alibi_bias_jax", alibi_bias_jax, seed)
-        assert not v.passed and "calls alibi_ref.bias.alibi_bias" in v.message, v.message
-
-
-def test_a_returned_object_that_calls_the_reference_when_read_is_caught():
-    """The value is read (np.array, a pick, str of an error) inside the guard: a lazy object whose
-    __array__ computed the reference once earned full marks, read after the guard had stopped."""
-
-    class Lazy:
-        def __init__(self, *args, **kwargs):
-            self.args, self.kwargs = args, kwargs
-
-        def __array__(self, dtype=None, copy=None):
-            return np.asarray(get_slopes(*self.args, **self.kwargs), dtype=dtype)
-
-    v = verdict("paper_slopes", Lazy)
-    assert not v.passed and "calls alibi_ref.slopes.get_slopes" in v.message, v.message
-
-    class Loud(Exception):
-        def __str__(self):
-            return str(get_slopes(2))
-
-    def raises(n, max_bias=8.0):
-        raise Loud()
-
-    assert "calls alibi_ref.slopes.get_slopes" in verdict("paper_slopes", raises).message
-
 
 def test_a_table_of_the_references_values_made_before_the_check_cannot_pass_the_hidden_checks():
     """The guard watches only the check; a table filled with the reference beforehand (an answer cell may call
@@ -715,472 +501,77 @@ def test_a_table_of_the_references_values_made_before_the_check_cannot_pass_the_
     assert verdict("constant_slopes", lambda n, value=0.25: np.full(n, value), seed=2022).passed  # the one line
 
 
-def test_a_trusted_helper_that_calls_back_into_the_answer_gives_that_code_no_trust():
-    """07 lends get_slopes to mha_alibi. An int subclass's __lt__, run by get_slopes' own checks, is the
-    answer's code: a reference call from there counts, though it happens inside the lent helper."""
-    from alibi_ref import alibi_bias
+# ----------------------------------------------------------------------------- what a graded kernel sees
 
-    stash = []
-
-    class Heads(int):
-        def __lt__(self, other):
-            stash.append(alibi_bias(get_slopes(int(self)), 3))
-            return int(self) < other
-
-    with ReferenceGuard(trusted=(get_slopes,)) as guard:
-        get_slopes(Heads(4))
-    assert stash and guard.call == "alibi_ref.bias.alibi_bias", guard.call
-    with ReferenceGuard(trusted=(get_slopes,)) as guard:  # what get_slopes itself calls stays trusted
-        get_slopes(6)
-    assert guard.call is None
-
-
-def test_patching_what_the_guard_calls_does_not_blind_it(monkeypatch):
-    """os.path.abspath, sys.audit (which the profile functions are) and sys.getprofile, patched by a cell
-    that ran before the check."""
-    import os
-    import sys
-
-    monkeypatch.setattr(os.path, "abspath", lambda path: "/elsewhere")
-    monkeypatch.setattr(sys, "audit", lambda *args: None)
-
-    class AlwaysEqual:
-        def __eq__(self, other):
-            return True
-
-        def __ne__(self, other):
-            return False
-
-    v = verdict("paper_slopes", lambda n, max_bias=8.0: get_slopes(n, max_bias=max_bias))
-    assert not v.passed and "calls alibi_ref.slopes.get_slopes" in v.message, v.message
-    monkeypatch.setattr(sys, "getprofile", AlwaysEqual)
-
-    def switches_off(n, max_bias=8.0):
-        getattr(sys, "set" + "profile")(None)
-        return get_slopes(n, max_bias=max_bias)
-
-    v = verdict("paper_slopes", switches_off)
-    assert not v.passed and "profiler was switched off" in v.message, v.message
+VIEW_PROBE = """
+import json, sys, sysconfig
+sys.path[:0] = [sys.argv[1], sysconfig.get_paths()["purelib"]]  # no .pth: no editable install's finder
+found = {}
+for name in ("alibi_ref.attention", "alibi_ref.bias", "alibi_ref.slopes", "alibi_ref.course.exercises",
+             "alibi_ref.course.judge", "alibi_ref.course.upstream", "alibi_ref.course.chapter"):
+    try:
+        __import__(name)
+        found[name] = True
+    except ImportError:
+        found[name] = False
+try:
+    from alibi_ref import get_slopes
+    found["get_slopes"] = True
+except ImportError as err:
+    found["get_slopes"] = str(err)
+from alibi_ref.course import plots
+found["plots"] = repr(plots.bias_heatmap([0.5], 4))
+found["lent"] = sorted(__import__("alibi_ref.course.upstream").course.upstream.LENT) if found[
+    "alibi_ref.course.upstream"] else []
+from alibi_ref.course.checks import run
 
 
-@pytest.mark.parametrize(("where", "name", "part"), [
-    ("checks", "run", "alibi_ref.course.checks.run"),  # the whole check, with the cases it is given
-    ("checks", "_INSIDE", "alibi_ref.course.checks._INSIDE"),  # what the audit hook was made from
-    ("checks", "a_new_name", "a name added to alibi_ref.course.checks"),  # a builtin's name, shadowed there
-    ("exercises", "_bias_cases", "alibi_ref.course.exercises._bias_cases"),  # sees each case before the guard
-    ("builtins", "len", "builtins.len"),
-    ("exercises._bias_cases", "__code__", "alibi_ref.course.exercises._bias_cases.__code__"),  # a function's code
-    ("checks.run", "__defaults__", "alibi_ref.course.checks.run.__defaults__"),  # its defaults
-    ("numpy.random", "default_rng", "numpy.random.default_rng"),  # sees the hidden seed
+def paper_slopes(n_heads, max_bias=8.0):
+    def geometric(n):
+        return [2.0 ** (-max_bias * (h + 1) / n) for h in range(n)]
+
+    p = 2 ** (n_heads.bit_length() - 1)
+    return geometric(p) + geometric(2 * p)[0::2][: n_heads - p]
+
+
+found["payload"] = run("paper_slopes", paper_slopes, 2022)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize(("helpers", "lent", "present"), [
+    ((), (), set()),
+    (("get_slopes",), (), {"alibi_ref.slopes", "get_slopes"}),
+    (("multi_head_alibi",), (), {"alibi_ref.attention", "alibi_ref.bias", "alibi_ref.slopes", "get_slopes",
+                                 "alibi_ref.course.chapter"}),
+    ((), ("alibi_head",), {"alibi_ref.course.upstream"}),
 ])
-def test_a_check_whose_own_machinery_was_changed_earns_nothing(monkeypatch, where, name, part):
-    """A cell that rebinds what the check runs besides the answer (found by a computed name the screen cannot
-    read) could hand it the reference's values, computed before the guard starts: measured, with run
-    rebound, full marks and no answer at all. The audit hook holds the machinery to what it was."""
-    import builtins
-    import importlib
+def test_a_graded_kernel_imports_only_what_its_view_holds_and_reads_the_cases_the_grader_drew(
+        tmp_path, helpers, lent, present):
+    """A view of the package (view.py), as the sandbox binds it in place of alibi_ref: the checks and only the helpers
+    and lent answers asked for; never the exercises or the judge. The check runs on the inputs of the grader's file
+    (GRADING_ENV), hidden ones drawn with a secret the kernel does not hold, and hands back values alone."""
+    from alibi_ref.course import grading
 
-    module = {"checks": checks, "exercises": exercises, "builtins": builtins, "checks.run": checks.run,
-              "exercises._bias_cases": exercises._bias_cases}.get(where) or importlib.import_module(where)
-    real_run = checks.run
-
-    def precomputed(name_, answer_, seed=None, device=None):
-        ex = checks.EXERCISES[name_]
-        table = {repr(c.args + tuple(sorted(c.kwargs.items()))): ex.reference(*c.args, **c.kwargs)
-                 for c in checks.cases(name_, seed)}
-        return real_run(name_, lambda *a, **k: table[repr(a + tuple(sorted(k.items())))], seed, device)
-
-    replacement = precomputed if name == "run" else getattr(module, name, print)
-    if name == "__code__":  # a function's parts: written, not rebound (Python's audit event for the write)
-        replacement = (lambda rng: []).__code__
-    elif name == "__defaults__":
-        replacement = tuple(list(replacement))  # a copy (tuple() of a tuple is the tuple itself)
-    elif name != "run":  # the same object under its name is no change: a copy of it is
-        replacement = (lambda *a, _f=replacement, **k: _f(*a, **k)) if callable(replacement) else "/elsewhere/"
-    monkeypatch.setattr(module, name, replacement, raising=False)
-    v = verdict("paper_slopes", None if name == "run" else answer("paper_slopes")[0], seed=2022)
-    assert not v.passed and f"the checks' own machinery was changed ({part})" in v.message, v.message
-    monkeypatch.undo()
-    fn, _ = answer("paper_slopes")
-    assert verdict("paper_slopes", fn, seed=2022).passed  # put back, as it was: nothing is held against it
-
-
-def test_the_caches_python_adds_to_the_machinery_are_no_change():
-    """A warning given by the checks' own code adds __warningregistry__ to their module, and pickling a case
-    adds __slotnames__ to its class (copyreg): both happened in the full suite and failed honest answers."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        exec(compile("__import__('warnings').warn('from the checks')", checks.__file__, "exec"), vars(checks))
-    pickle.dumps(Case("a case"))
-    assert "__warningregistry__" in vars(checks) and "__slotnames__" in vars(Case)
-    fn, _ = answer("paper_slopes")
-    assert verdict("paper_slopes", fn, seed=2022).passed
-
-
-def test_the_reference_called_in_a_thread_the_answer_starts_is_caught():
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    def in_a_thread(n, max_bias=8.0):
-        box = []
-        worker = threading.Thread(target=lambda: box.append(get_slopes(n, max_bias=max_bias)))
-        worker.start()
-        worker.join()
-        return box[0]
-
-    def in_a_pool(n, max_bias=8.0):
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(get_slopes, n, max_bias=max_bias).result()
-
-    fn, _ = answer("paper_slopes")
-    lasting, calls = ThreadPoolExecutor(1), []
-
-    def in_a_pool_kept(n, max_bias=8.0):
-        calls.append(n)
-        if len(calls) == 1:  # the first call starts the thread and answers honestly; the next ones reuse it
-            lasting.submit(int).result()
-            return fn(n, max_bias)
-        return lasting.submit(get_slopes, n, max_bias=max_bias).result()
-
-    for route in (in_a_thread, in_a_pool, in_a_pool_kept):
-        v = verdict("paper_slopes", route)
-        assert not v.passed and "calls alibi_ref.slopes.get_slopes (in another thread)" in v.message, v
-    # an honest answer that uses a thread of its own for its own code is not failed for it
-    with ThreadPoolExecutor(1) as pool:
-        assert verdict("paper_slopes", lambda n, max_bias=8.0: pool.submit(fn, n, max_bias).result()).passed
-    lasting.shutdown()
-    assert threading.getprofile() is None  # the guard leaves threads as it found them
-
-    def switches_threads_off(n, max_bias=8.0):
-        threading.setprofile(None)
-        return fn(n, max_bias)
-
-    v = verdict("paper_slopes", switches_threads_off)
-    assert not v.passed and "profiler was switched off" in v.message
-
-
-def test_ways_around_the_guard_that_no_name_shows_are_refused_at_run_time():
-    """Routes written with computed names, which the screen cannot read: each earned full marks before the
-    guard's record left the guard and its audit hook learnt these events."""
-    import functools
-    import inspect
-    import os
-    import sys
-    import types
-
-    def wipes_the_record(n, max_bias=8.0):  # the profile function was the guard, bound
-        slopes = get_slopes(n, max_bias=max_bias)
-        try:
-            getattr(os.sys.getprofile(), "__se" + "lf__").call = None
-        except AttributeError:
-            pass
-        return slopes
-
-    def copies_the_code(n, max_bias=8.0):  # the reference's code under a name that is not the reference's
-        code = getattr(get_slopes, "__co" + "de__").replace(co_filename="mine.py")
-        copy = types.FunctionType(code, get_slopes.__globals__)
-        copy.__kwdefaults__ = get_slopes.__kwdefaults__
-        return copy(n, max_bias=max_bias)
-
-    def another_process(n, max_bias=8.0):
-        source = f"from alibi_ref import get_slopes; print(list(get_slopes({n}, max_bias={max_bias})))"
-        with getattr(os, "po" + "pen")(f"{sys.executable} -c '{source}'") as child:
-            return np.array(json.loads(child.read()))
-
-    def walks_frames(n, max_bias=8.0):  # to the check's own frame, where the guard and the case are
-        try:
-            raise ValueError
-        except ValueError as err:
-            frame = getattr(err.__traceback__, "tb_fr" + "ame")
-        return get_slopes(n, max_bias=max_bias) if frame else None
-
-    def rewrites_the_guards_exit(n, max_bias=8.0):  # an audit hook sees the guard's own events, after its own
-        def hook(event, args):
-            if event.endswith("guard.exit"):
-                args[1][:] = [None]
-        getattr(sys, "addaudit" + "hook")(hook)
-        return get_slopes(n, max_bias=max_bias)
-
-    said = {wipes_the_record: "calls alibi_ref.slopes.get_slopes",
-            copies_the_code: "read or replaced a function's code (object.__getattr__: __code__)",
-            another_process: "ran code in another process (subprocess.Popen)",
-            walks_frames: "walked the interpreter's frames (object.__getattr__: tb_frame)",
-            rewrites_the_guards_exit: "added an audit hook"}
-    for route, reason in said.items():
-        v = verdict("paper_slopes", route, seed=2022)
-        assert not v.passed and reason in v.message, (route.__name__, v.message)
-
-    # the profile function can be called by the answer itself (it is sys.audit, bound): a made-up "return"
-    # must not hand the answer the trust of the helper that called back into it (07 lends get_slopes)
-    from alibi_ref import alibi_bias
-
-    stash = []
-
-    class Heads(int):
-        def __lt__(self, other):
-            profile, me = functools.partial(sys.getprofile)(), inspect.currentframe()
-            profile(me, "return", None)
-            profile(me.f_back, "call", None)
-            stash.append(alibi_bias(get_slopes(int(self)), 3))
-            return int(self) < other
-
-    with ReferenceGuard(trusted=(get_slopes,)) as guard:
-        get_slopes(Heads(4))
-    assert stash and guard.call == "alibi_ref.bias.alibi_bias", guard.call
-    fn, _ = answer("paper_slopes")
-    assert verdict("paper_slopes", fn, seed=2022).passed
-
-
-def test_while_grading_a_cell_that_walks_the_interpreter_is_stopped_and_honest_cells_are_not(tmp_path):
-    """Outside a check too, when GRADING_ENV is set: what a cell could find or build there (the guard's state,
-    a copy of the reference under another name) it does not get. In a process of its own: the mode stays."""
-    script = tmp_path / "cells.py"
-    script.write_text(textwrap.dedent("""
-        import collections, dataclasses, gc, inspect, os, warnings
-
-        from alibi_ref.course import checks  # noqa: F401  (a locked cell imports it first)
-
-        # honest cells: a namedtuple and a dataclass (the standard library builds their code), a warning
-        Point = collections.namedtuple("Point", "x y")
-        Box = dataclasses.make_dataclass("Box", ["w"])
-        warnings.warn("fine")
-        print("honest", Point(1, 2).x + Box(3).w, list(inspect.signature(Box).parameters))
-        for name, route in [("gc", lambda: getattr(gc, "get_obj" + "ects")()),
-                            ("compile", lambda: compile("1", "/elsewhere/alibi_ref/course/plots.py", "eval")),
-                            ("frames", lambda: getattr(os.sys, "_getfr" + "ame")(0))]:
-            try:
-                route()
-                print(name, "allowed")
-            except RuntimeError as err:
-                print(name, "refused:", err)
-    """))
-    env = {**os.environ, checks.GRADING_ENV: "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    grading.write_view(tmp_path / "view", helpers, lent)
+    secret = bytes(range(32))
+    grading.write_cases(tmp_path / "cases.json", [("paper_slopes", 2022)], secret)
+    env = {**os.environ, grading.GRADING_ENV: str(tmp_path / "cases.json"), "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", VIEW_PROBE, str(tmp_path / "view")], env=env,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "honest 4 ['w']" in done.stdout
-    for name, reason in [("gc", "walked the interpreter's objects"), ("compile", "ran code built at run time"),
-                         ("frames", "walked the interpreter's frames")]:
-        assert f"{name} refused: the answer {reason}" in done.stdout, done.stdout
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert "gc allowed" in done.stdout, done.stdout + done.stderr  # a student's own session: study is free
+    found = json.loads(done.stdout)
+    modules = {k for k, v in found.items() if v is True}
+    assert modules == present, modules
+    if "get_slopes" not in present:
+        assert "not available while grading" in found["get_slopes"]
+    assert found["plots"] == "None", "a graded kernel's plots draw nothing"
+    assert found["lent"] == sorted(lent)
+    payload = found["payload"]
+    assert grading.judge(payload, secret).passed, "the values of the cases drawn with the secret"
+    assert not grading.judge(payload, bytes(32)).passed, "drawn with another secret, they are other cases"
+    assert set(payload) == {"exercise", "seed", "results"}
 
-
-def test_while_grading_a_thread_started_before_the_check_is_watched_however_it_was_started(tmp_path):
-    """An earlier cell's pool, or a bare _thread running the reference from a queue through C alone (no frame
-    of the answer's anywhere), earned full marks while only threads started during a check were watched:
-    when grading, every thread starts under the guard's thread profile, and taking it off is refused."""
-    script = tmp_path / "cells.py"
-    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
-        import _thread, collections, importlib.util, os, queue, time
-        from concurrent import futures
-
-        from alibi_ref.course import checks  # a locked cell imports it first
-        from alibi_ref import get_slopes
-
-        pool = futures.ThreadPoolExecutor(1)
-        pool.submit(int).result()  # the cell before the check: its thread is running, waiting for work
-        inbox, outbox = queue.SimpleQueue(), []
-        _thread.start_new_thread(collections.deque, (map(outbox.append, map(
-            lambda a: get_slopes(a[0], max_bias=a[1]), iter(inbox.get, None))), 0))
-
-        def through_the_pool(n, max_bias=8.0):
-            return pool.submit(get_slopes, n, max_bias=max_bias).result()
-
-        def through_the_bare_thread(n, max_bias=8.0):
-            inbox.put((n, max_bias))
-            while not outbox:
-                time.sleep(0.001)
-            return outbox.pop()
-
-        def honest(n, max_bias=8.0):  # a thread for the answer's own code is not failed for it
-            return pool.submit(paper_slopes, n, max_bias).result()
-
-        for name, fn in [("pool", through_the_pool), ("bare", through_the_bare_thread), ("honest", honest)]:
-            print(name, checks.judge(checks.run("paper_slopes", fn, 3)).message.splitlines()[0])
-        imp = os.sys.modules["_imp"]
-        for name, route in [
-                ("profile off", lambda: getattr(os.sys, "setpro" + "file")(None)),
-                ("a fresh _thread", lambda: imp.create_builtin(importlib.util.find_spec("_thread"))),
-                ("a fresh _imp", lambda: imp.create_builtin(importlib.util.find_spec("_imp"))),
-                ("another interpreter", lambda: importlib.import_module("_xxsubinterpreters").create()),
-                ("a fresh import", lambda: (os.sys.modules.pop("_thread"), importlib.import_module("_thread")))]:
-            try:
-                route()
-                print(name, "allowed:", checks.judge(checks.run("paper_slopes", honest, 3)).message)
-            except RuntimeError as err:
-                print(name, "refused:", err)
-        inbox.put(None)
-    """))
-    env = {**os.environ, checks.GRADING_ENV: "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    for route in ("pool", "bare"):
-        assert f"{route} paper_slopes(1, max_bias=8.0): calls alibi_ref.slopes.get_slopes (in another thread)" in (
-            done.stdout), done.stdout
-    assert "honest paper_slopes: 22 hidden checks pass" in done.stdout, done.stdout
-    for route, reason in [("profile off", "the answer switched the profiler off (sys.setprofile)"),
-                          ("a fresh _thread", "a fresh copy of the module _thread is refused"),
-                          ("a fresh _imp", "a fresh copy of the module _imp is refused"),
-                          ("another interpreter", "interpreter creation failed"),  # Python's words for ours
-                          ("a fresh import", "a fresh copy of the module _thread is refused")]:
-        assert f"{route} refused: {reason}" in done.stdout, done.stdout
-
-
-def test_while_grading_no_exception_carries_the_guards_state_out(tmp_path):
-    """A refusal's traceback held the audit hook's frame, whose locals were the guards' state: wiping a
-    running check's record after calling the reference earned full marks. Now the hook that decides never
-    lets an exception out, a second one that holds nothing raises the refusal, and the ways to put an
-    exception of one's own inside the hook (a signal handler, a signal sent) are refused while grading."""
-    script = tmp_path / "cells.py"
-    script.write_text(textwrap.dedent("""
-        import _thread, os, signal, traceback
-        from alibi_ref.course import checks  # a locked cell imports it first
-        from alibi_ref import get_slopes
-
-        try:
-            getattr(os.sys, "_getfr" + "ame")(0)
-        except RuntimeError as err:
-            refusal = err
-        names = {name for frame, _ in traceback.walk_tb(refusal.__traceback__) for name in frame.f_locals}
-        print("state in the traceback:", sorted(names & {"running", "innermost", "held", "pending", "record"}))
-
-        class Sneaky(str):  # a key whose __eq__ would run inside the hook, as its hash matches a lookup's
-            armed = False
-
-            def __eq__(self, other):
-                if Sneaky.armed:
-                    print("__eq__ ran inside the hook")
-                return False
-
-            def __hash__(self):
-                return hash("__warningregistry__")  # looked up in every held namespace, never there
-
-        def add_a_key():
-            setattr(checks, Sneaky("not run"), None)
-            Sneaky.armed = True
-
-        for name, route in [
-                ("a handler", lambda: signal.signal(signal.SIGALRM, lambda *args: None)),
-                ("a signal raised", lambda: signal.raise_signal(signal.SIGINT)),
-                ("a signal sent", lambda: os.kill(os.getpid(), signal.SIGINT)),
-                ("the main thread interrupted", lambda: _thread.interrupt_main()),
-                ("a key of its own", add_a_key)]:
-            try:
-                route()
-                print(name, "allowed:", checks.judge(checks.run("paper_slopes", get_slopes, 3)).message)
-            except RuntimeError as err:
-                print(name, "refused:", err)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # numbers, not handlers: allowed
-        print("default handler set")
-    """))
-    env = {**os.environ, checks.GRADING_ENV: "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "state in the traceback: []" in done.stdout, done.stdout
-    for route, reason in [("a handler", "the answer set a signal handler of its own (signal)"),
-                          ("a signal raised", "the answer sent a signal (raise_signal)"),
-                          ("a signal sent", "the answer sent a signal (os.kill)"),
-                          ("the main thread interrupted", "the answer sent a signal (interrupt_main)")]:
-        assert f"{route} refused: {reason}" in done.stdout, done.stdout
-    assert "a key of its own allowed: " in done.stdout and "a key that is not a str" in done.stdout, done.stdout
-    assert "__eq__ ran inside the hook" not in done.stdout and "default handler set" in done.stdout
-
-
-def test_while_grading_the_hidden_cases_are_drawn_with_a_secret_no_cell_reads(tmp_path):
-    """The hidden seeds are small numbers in the hidden cells (and a cell can read a hidden cell's source
-    before it runs): the checks' own cases and reference values for guessed seeds made a table of every
-    hidden input, full marks with no answer (wes's 01 in the sample class). When grading, the kernel draws
-    the hidden cases with the grader's secret, which the audit hook takes out of the environment before
-    any cell runs; and each hidden check draws once, so running it early to learn its inputs loses it."""
-    secret = bytes(range(checks.SECRET_BYTES))
-    script = tmp_path / "cells.py"
-    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
-        import json, os
-        from alibi_ref.course import checks  # a locked cell imports it first
-
-        print("environment:", os.environ[checks.GRADING_ENV])
-        table = {}
-        for seed in [None, *range(2000, 2050)]:
-            for case, value in zip(checks.cases("paper_slopes", seed), checks.expected_values("paper_slopes", seed)):
-                table[case.args[0], case.kwargs.get("max_bias", 8.0)] = value
-        print("honest:", json.dumps(checks.run("paper_slopes", paper_slopes, 2022)))
-        print("table:", json.dumps(checks.run("paper_slopes", lambda n, max_bias=8.0: table[n, max_bias], 2023)))
-        try:
-            checks.run("paper_slopes", paper_slopes, 2022)
-        except RuntimeError as err:
-            print("drawn again:", err)
-        for path in ["/proc/self/environ", "/proc/self/mem"]:
-            try:
-                open(path, "rb").close()
-                print(path, "opened")
-            except RuntimeError as err:
-                print(path, "refused:", err)
-    """))
-    env = {**os.environ, checks.GRADING_ENV: secret.hex()}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "environment: 1" in done.stdout and secret.hex() not in done.stdout, done.stdout
-    said = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in done.stdout.splitlines() if ": " in line}
-    honest, table = json.loads(said["honest"]), json.loads(said["table"])
-    assert judge(honest, secret).passed  # the grader judges with the same secret
-    assert not judge(honest).passed  # the seed's own cases are not the ones drawn
-    v = judge(table, secret)
-    assert not v.passed and "raised KeyError" in v.message, v.message
-    assert "the hidden cases of paper_slopes were drawn before this check ran" in said["drawn again"]
-    for path in ["/proc/self/environ", "/proc/self/mem"]:
-        assert f"{path} refused: the answer read a process's environment or memory" in done.stdout, done.stdout
-    # outside grading the hidden cases are the seed's alone, as before
-    labels = [[c.label for c in checks.cases("paper_slopes", 2022, key)] for key in (None, secret)]
-    assert labels[0] != labels[1]
-
-
-def test_while_grading_values_changed_after_the_check_made_them_earn_nothing(tmp_path):
-    """What a check hands back passes through the kernel's own code (IPython's display, ipykernel's session,
-    json) after the guard has ended, and any cell may rebind it: an answer that kept its inputs and returned
-    zeros, with the reference's values put in on the way out, earned full marks (xan's 01 in the sample
-    class). When grading, run() signs what it made with a key from the grader's secret; the judge checks."""
-    secret = bytes(range(3, 3 + checks.SECRET_BYTES))
-    script = tmp_path / "cells.py"
-    script.write_text("import numpy\n" + SOLUTION["paper_slopes"].replace("np.", "numpy.") + textwrap.dedent("""
-        import json
-        from alibi_ref import get_slopes
-        from alibi_ref.course import checks
-
-        print("honest:", json.dumps(checks.run("paper_slopes", paper_slopes, 2022)))
-        kept = []
-
-        def zeros(n, max_bias=8.0):
-            kept.append((n, max_bias))
-            return numpy.zeros(n)
-
-        payload = checks.run("paper_slopes", zeros, 2023)
-        for result, (n, max_bias) in zip(payload["results"], kept):
-            result["value"] = checks.encode(get_slopes(n, max_bias=max_bias))  # outside the guard
-        print("changed:", json.dumps(payload))
-        print("visible:", json.dumps(checks.run("paper_slopes", paper_slopes)))
-    """))
-    env = {**os.environ, checks.GRADING_ENV: secret.hex()}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    said = {line.split(": ", 1)[0]: json.loads(line.split(": ", 1)[1]) for line in done.stdout.splitlines()
-            if ": " in line}
-    honest, changed = said["honest"], said["changed"]
-    assert judge(honest, secret).passed
-    v = judge(changed, secret)
-    assert not v.passed and "not the ones the check made" in v.message, v.message
-    body = {k: v for k, v in changed.items() if k != "signature"}
-    assert judge({**body, "signature": checks._signature(secret, body)}, secret).passed, (
-        "the changed values are the reference's: only the signature tells them apart")
-    unsigned = {k: v for k, v in honest.items() if k != "signature"}
-    assert not judge(unsigned, secret).passed and not judge(honest, bytes(checks.SECRET_BYTES)).passed
-    assert "signature" not in said["visible"] and judge(said["visible"], secret).passed, "visible cases are public"
-    with pytest.raises(TypeError):  # an object of the answer's own in what is signed: unsigned, judged wrong
-        checks._canonical({"results": [type("Text", (str,), {})("x")]})
-
-
-# ----------------------------------------------------------------------------- in the grader: JudgeChecks
 
 def _graded_cell(source, outputs):
     cell = nbformat.v4.new_code_cell(source)
@@ -1226,9 +617,9 @@ def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(
     assert ("paper_slopes", None) in calls and ("mha_alibi_flax", 22) in calls, calls
     fn, _ = answer("paper_slopes")
     payload = json.loads(json.dumps(run("paper_slopes", fn, 2)))
-    monkeypatch.setattr(checks, "_EXPECTED", {})
+    monkeypatch.setattr(judging, "_EXPECTED", {})
     path = tmp_path / "alibi.pickle"
-    checks.save_expected(path, [("paper_slopes", 2)])
+    judging.save_expected(path, [("paper_slopes", 2)])
     assert judge(payload).passed
     # what a judging process loads is what it judges against: a tampered copy fails the right answer
     with open(path, "rb") as f:
@@ -1236,10 +627,10 @@ def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(
     stored["paper_slopes", 2, None] = [np.asarray(value) + 1.0 for value in stored["paper_slopes", 2, None]]
     with open(path, "wb") as f:
         pickle.dump(stored, f)
-    monkeypatch.setattr(checks, "_EXPECTED", {})
-    checks.load_expected(path)
+    monkeypatch.setattr(judging, "_EXPECTED", {})
+    judging.load_expected(path)
     assert not judge(payload).passed
-    monkeypatch.setattr(checks, "_EXPECTED", {})  # without it, computed afresh
+    monkeypatch.setattr(judging, "_EXPECTED", {})  # without it, computed afresh
     assert judge(payload).passed
 
 
@@ -1436,7 +827,7 @@ def test_the_flax_exercise_names_the_sources_pitfalls(edit, hint):
 
 
 def test_an_exercise_name_is_taken_once():
-    from alibi_ref.course.checks import Exercise, exercise
+    from alibi_ref.course.model import Exercise, exercise
 
     with pytest.raises(ValueError, match="two exercises are called 'mha_alibi'"):
         exercise(Exercise("mha_alibi", visible=list, hidden=lambda rng: [], reference=None))

@@ -74,9 +74,9 @@ def test_every_written_answer_has_a_rubric_and_says_what_a_full_answer_covers():
                 assert cells[n - 1].metadata["nbgrader"].get("task"), "the mark scheme lives in a task cell"
 
 
-def test_every_test_cell_says_its_points_and_runs_registered_checks():
-    from alibi_ref.course import exercises  # noqa: F401  (registers every exercise)
-    from alibi_ref.course.checks import EXERCISES, cases
+def test_every_test_cell_says_its_points_and_runs_registered_checks_judged_in_one_view():
+    from alibi_ref.course.grading import views_of
+    from alibi_ref.course.model import EXERCISES, cases
 
     for path in SOLUTIONS.glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
@@ -91,6 +91,8 @@ def test_every_test_cell_says_its_points_and_runs_registered_checks():
             assert calls and {n for n, _ in calls} <= set(EXERCISES), (path.name, calls)
             for name, seed in calls:
                 assert cases(name, seed), f"{name} with seed {seed} has no cases"
+            # a cell runs in one view of the package when graded: its checks all see the same helpers
+            assert len(set(views_of(calls).values())) == 1, (path.name, meta["grade_id"], views_of(calls))
 
 
 class ValidatorKeepingTheRun(Validator):
@@ -120,7 +122,8 @@ def test_unfilled_release_earns_nothing_and_runs_cleanly_up_to_the_first_answer(
 # cases drawn from several graders' secrets, judged as the grader judges (no exercise's draw may fail it)
 REPLAY_WITH_SECRETS = """
 import functools, json
-from alibi_ref.course import checks
+from alibi_ref.course import checks, model
+from alibi_ref.course.judge import judge
 
 _replayed, _failed = 0, []
 
@@ -129,15 +132,14 @@ def check(name, answer=None, /, *, hidden=None, device=None, **values):
     global _replayed
     if hidden is None:
         return
-    exercise = checks._exercise(name)
     call = answer if answer is not None else functools.partial(checks._look_up, values)
     for secret in SECRETS:
-        chosen = checks.cases(name, hidden, secret)
-        if any(case.device == "meta" for case in chosen):
+        spec = json.loads(json.dumps(model.kernel_cases(name, hidden, secret)))  # what a graded kernel reads
+        if any(case["device"] == "meta" for case in spec["cases"]):
             checks._warm_up_meta()
-        payload = {"exercise": name, "seed": hidden,
-                   "results": [checks._call(call, case, exercise, device) for case in chosen]}
-        verdict = checks.judge({**payload, "signature": checks._signature(secret, payload)}, secret)
+        payload = {"exercise": name, "seed": hidden, "results": [checks._call(call, case, spec, device)
+                                                                 for case in spec["cases"]]}
+        verdict = judge(payload, secret)
         _replayed += 1
         if not verdict.passed:
             _failed.append(f"{name} (secret {secret.hex()[:8]}): {verdict.message}")

@@ -52,35 +52,31 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "a cell you added (cell 16)', line 3: reaches modules without an import statement (sys.modules)" in (
         reasons["vic", "01_slopes_and_bias"])
     assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
-    assert "test_alibi_head (CheckFailed: alibi_head(head 1 of the chapter's example, slope 1/2): calls " \
-           "alibi_ref.attention.alibi_attention from the reference module" in reasons["vic", "02_worked_example"]
-    assert "test_standard_attention (RuntimeError: the checks' own machinery was changed " \
-           "(alibi_ref.course.checks.run)" in reasons["vic", "03_slope_zero"]
+    # what reached for the reference in the guard's time finds none in a graded kernel (view.py)
+    unavailable = "raised ImportError: alibi_ref.alibi_attention is not available while grading"
+    for student in ("vic", "wes"):
+        assert f"test_alibi_head (CheckFailed: alibi_head(head 1 of the chapter's example, slope 1/2): {unavailable}" \
+            in reasons[student, "02_worked_example"]
+    assert "module 'alibi_ref.course.checks' has no attribute '_exercise'" in reasons["vic", "03_slope_zero"]
     assert "test_paper_slopes (CheckFailed: paper_slopes(" in reasons["wes", "01_slopes_and_bias"]
     assert "raised KeyError" in reasons["wes", "01_slopes_and_bias"]  # the hidden inputs were not in the table
-    assert "calls alibi_ref.attention.alibi_attention from the reference module" in reasons["wes", "02_worked_example"]
-    assert "calls alibi_ref.course.exercises.decode_reference (in another thread)" in reasons["wes", "04_causal"]
-    assert "alibi_bias: the values handed back are not the ones the check made" in reasons["xan", "01_slopes_and_bias"]
-    yul = reasons["yul", "01_slopes_and_bias"]
-    assert "ran a copy of the reference's alibi_ref.bias.alibi_bias (from mine/bias.py)" in yul
-    assert "ran a copy of the reference's alibi_ref.attention.alibi_attention" in reasons["yul", "04_causal"]
-    zed = reasons["zed", "10_jax_flax"]  # the reference compiled before the check is traced again inside it
-    assert "test_alibi_bias_jax (CheckFailed: alibi_bias_jax(<slopes 0.0625, 0.00390625>, 4): the exercise's " \
-           "example, under jax.jit: calls alibi_ref.bias.alibi_bias from the reference module" in zed
+    assert "test_decode_step (CheckFailed: decode_step" in reasons["wes", "04_causal"]
+    assert "alibi_bias([0.5, 0.25], 5): expected an array of shape (2, 5, 5), got None" in reasons[
+        "xan", "01_slopes_and_bias"]  # the display publisher had no reference to put in
+    for name in ("01_slopes_and_bias", "04_causal"):  # a copy of the package is a copy of the view
+        assert "raised NameError: name 'mine' is not defined" in reasons["yul", name]
+    assert "raised NameError: name 'fast_bias' is not defined" in reasons["zed", "10_jax_flax"]
     # a module handed in beside the notebook is screened as a cell of the student's own; one nothing imports
     # (quinn's scratch_work.py, which starts a process) is not handed to the kernel, and flags nothing
     assert "cell 'a module you handed in (fast_decode.py)', line 2: runs code in another thread or process " \
            "(subprocess)" in reasons["ora", "04_causal"]
-    # quinn's own torch.compile call ran (eagerly: grading refuses the compiler's process), and printed
+    # quinn's own torch.compile call ran (eagerly: no compiler's process per kernel), and printed
     quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
     assert "compiled: " in quinn and "InductorError" not in quinn
-    # the cell of vic's own that walked the interpreter's objects, refused in a kernel forked from the zygote
-    feedback = (out / "feedback" / "vic" / "02_worked_example.html").read_text()
-    assert "walked the interpreter's objects (gc.get_objects)" in feedback
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
-    ora = reasons["ora", "01_slopes_and_bias"]  # IPython's shell escape, run by the answers: another Python
-    assert "paper_slopes(8): the answer ran code in another process (os.forkpty)" in ora
-    assert "alibi_bias([0.5, 0.25], 5): the answer ran code in another process (subprocess.Popen)" in ora
+    ora = reasons["ora", "01_slopes_and_bias"]  # IPython's shell escape, run by the answers: another Python,
+    assert "test_paper_slopes (CheckFailed: paper_slopes(8): raised" in ora  # which has no reference either
+    assert "test_alibi_bias (CheckFailed: alibi_bias([0.5, 0.25], 5): raised" in ora
     assert "gave back the grading metadata 20 cell(s) had lost" in reasons["tia", "01_slopes_and_bias"]
     assert reasons["tia", "02_worked_example"].startswith(
         "graded 02_worked_example (1).ipynb as 02_worked_example.ipynb; gave back the grading metadata 1 cell(s)")
@@ -92,7 +88,7 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert reasons["ben", "03_slope_zero"] == "no such notebook was submitted"
     # the first cell that ran out of time, named the same whichever limit struck it (the load decides which),
     # under the limits of its last run: those given, or, graded again, the solution's time then scaled (timeouts.py)
-    for (student, name), cell in {("ivy", "05_schedules"): 4, ("jay", "03_slope_zero"): 5}.items():
+    for (student, name), cell in {("ivy", "05_schedules"): 4, ("jay", "03_slope_zero"): 6}.items():
         said = re.fullmatch(rf"cell {cell} ran past its time limit and was interrupted \(limits: (\d+) s per cell, "
                             r"(\d+) s for the whole notebook\)", reasons[student, name])
         assert said, reasons[student, name]

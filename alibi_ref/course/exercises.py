@@ -1,9 +1,9 @@
 """Every autograded exercise of the course: its cases, its reference, the classic mistakes it names.
 
 Visible cases are the ones a student's test cell runs; hidden ones are drawn from a seed that
-only the instructor's notebook holds. References and mistakes run in the grader's process (and in
-the student's kernel for the visible cases, outside the answer's guard). Tolerances are stated
-per case; ``checks.FLOAT32_SLACK`` comes on top unless a case is ``exact``.
+only the instructor's notebook holds and, when grading, the grader's secret. References and mistakes
+run in the grader's process (and in a student's own session); a graded kernel never imports this
+module. Tolerances are stated per case; ``judge.FLOAT32_SLACK`` comes on top unless a case is ``exact``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import numpy as np
 
 from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
-from .checks import UPSTREAM, Case, Exercise, Expect, Leaf, Mistake, compare, exercise
 from .examples import cat_sat_on_mat
 from .harness import jitted_with_static_length, peak_and_output, score_mod_outputs
+from .judge import Expect, compare
+from .model import Case, Exercise, Mistake, exercise
+from .upstream import softmax
+from .wire import Leaf
 
 EXAMPLE = cat_sat_on_mat()
 Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
@@ -50,12 +53,6 @@ def attention_variant(q, k, v, slopes, *, causal=False, scale=True, bias_scaled=
         scores = scores + (bias / root if bias_scaled else bias)
     weights = softmax(scores, axis=axis)
     return weights @ v, weights
-
-
-def softmax(x, axis=-1):
-    x = np.asarray(x, dtype=np.float64)
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
 
 
 ATTENTION_MISTAKES = {  # name -> (the hint a student reads, the flags of attention_variant / variant_bias that make it)
@@ -289,6 +286,7 @@ exercise(Exercise(
                      Case("max_difference", ("max_difference",), expected=0.0, atol=1e-12)],
     hidden=lambda rng: [],
     reference=None,
+    helpers=("multi_head_alibi",),  # the notebook lends it for this exercise
 ))
 
 
@@ -420,6 +418,7 @@ exercise(Exercise(
     hidden=lambda rng: [Case(f"the_head1[{name!r}]", ("the_head1", name), expected=_first_row(get_slopes(2, name)))
                         for name in ("linear", "constant")],
     reference=None,
+    helpers=("multi_head_alibi",),  # the notebook lends it for this exercise
 ))
 
 
@@ -452,6 +451,7 @@ exercise(Exercise(
     visible=lambda: [Case(name, (name,), expected=Extension(x)) for name, x in (("Q10", Q), ("K10", K), ("V10", V))],
     hidden=lambda rng: [],
     reference=None,
+    helpers=("multi_head_alibi",),  # beside row_change, which uses it: no reference computes new tokens
 ))
 
 
@@ -479,7 +479,7 @@ exercise(Exercise(
                           atol=0.0, exact=True)],
     hidden=_row_change_cases,
     reference=row_change_reference,
-    allowed=(multi_head_alibi,),  # the notebook lends it: this exercise is about what it shows
+    helpers=("multi_head_alibi",),  # the notebook lends it: this exercise is about what it shows
 ))
 
 
@@ -509,7 +509,7 @@ exercise(Exercise(
         Case("alibi_bias_torch(<bfloat16 slope 0.5>, 1, 1000)[0, 0, -3:]: next to the diagonal at length 1000",
              (np.array([0.5]), 1, 1000), input_dtype="bfloat16", dtype="bfloat16", exact=True, atol=0.0,
              # b[0] first: the first head, of a tensor or of a list of per-head tensors alike
-             expected=np.array([-1.0, -0.5, 0.0]), pick=lambda b: b[0][0, -3:]),
+             expected=np.array([-1.0, -0.5, 0.0]), pick="last_three_of_first_row"),
     ],
     hidden=lambda rng: [
         *(Case(f"alibi_bias_torch(<{len(s)} slopes>, {q}, {k}, causal={c})", (s, q, k), {"causal": c}, atol=1e-12)
@@ -520,12 +520,8 @@ exercise(Exercise(
     reference=_torch_bias_reference,
     mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle", "key_only"),
     torch_inputs=True,
+    helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
 ))
-
-
-def torch_bias_upstream(slopes, q_len, k_len, causal=False):
-    """The reference's alibi_bias_torch, lent to a downstream exercise: same device and dtype as the slopes."""
-    return alibi_bias(slopes, q_len, k_len, causal=causal)
 
 
 def _split_heads(x):  # (N, 4) -> (1, 2, N, 2): the chapter's column split
@@ -566,6 +562,7 @@ exercise(Exercise(
     mistakes=_TORCH_ATTENTION_MISTAKES,
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
+    helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
 ))
 
 
@@ -632,7 +629,7 @@ exercise(Exercise(
               Mistake("this is attention without ALiBi: is the bias reaching attn_mask?", _either_build(sign=0.0))),
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
-    allowed=(get_slopes,),  # the notebook imports it: the exercise is the layer, not the slopes
+    helpers=("get_slopes",),  # the notebook imports it: the exercise is the layer, not the slopes
 ))
 
 
@@ -658,6 +655,7 @@ exercise(Exercise(
     mistakes=_TORCH_ATTENTION_MISTAKES,
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
+    helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
 ))
 
 
@@ -689,6 +687,7 @@ exercise(Exercise(
     mistakes=attention_mistakes(_score_mod_variant, "sign", "triangle"),
     torch_inputs=True,
     adapter=score_mod_outputs,
+    helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
 ))
 
 
@@ -876,6 +875,3 @@ exercise(Exercise(
     jax_inputs=True,
 ))
 
-
-# what a downstream exercise is lent when the student's own upstream answer is wrong
-UPSTREAM.update({"softmax": softmax, "alibi_head": alibi_head_reference, "alibi_bias_torch": torch_bias_upstream})

@@ -1,7 +1,8 @@
 """Kernel-side adapters: how a check calls answers that are not plain functions of arrays.
 
-They run in the student's kernel, inside the guard against calling the reference, so they live
-apart from ``exercises`` (which holds the references and counts as the reference itself).
+They run in the student's kernel, graded or not, so they live apart from ``exercises`` (which holds the
+references): a graded kernel's view of the package holds this module and not that one. A case names
+them (``Exercise.adapter``, ``Case.pick``) and the kernel looks them up here.
 """
 
 from __future__ import annotations
@@ -37,3 +38,9 @@ def jitted_with_static_length(answer, slopes, T):
     import jax
 
     return jax.jit(answer, static_argnums=1)(slopes, T)
+
+
+def last_three_of_first_row(bias):
+    """Kernel side: the first head's last three entries of the first query's row (of a tensor, or of a list of
+    per-head tensors alike)."""
+    return bias[0][0, -3:]
