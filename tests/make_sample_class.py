@@ -594,14 +594,13 @@ def red_team() -> dict[str, dict[str, object]]:
         "    print('refused', type(err).__name__)"))}
     # forks until the machine runs out: the sandbox's bound on its processes stops it
     s["rt-processes"] = {one: own_cell(filled(one), "paper_slopes", (
-        "import os, time\n"
+        "import os\n"
         "children = []\n"
         "try:\n"
         "    for _ in range(3000):\n"
         "        pid = os.fork()\n"
         "        if pid == 0:\n"
-        "            time.sleep(600)\n"
-        "            os._exit(0)\n"
+        "            os.execv('/bin/sleep', ['sleep', '600'])\n"
         "        children.append(pid)\n"
         "except OSError as err:\n"
         "    print('stopped after', len(children), type(err).__name__)\n"
@@ -628,10 +627,11 @@ def red_team() -> dict[str, dict[str, object]]:
     s["rt-procmem"] = {one: own_cell(filled(one, ZERO_SLOPES), "paper_slopes", (
         "class Quiet(str):\n"
         "    pass\n\n"
-        "for name in ('/proc/self/mem', '/proc/self/environ'):\n"
+        "for name in ('/proc/self/mem', '/proc/self/environ', '/proc/1/environ'):\n"
         "    try:\n"
-        "        open(Quiet(name), 'rb').close()\n"
-        "        print(name, 'opened')\n"
+        "        with open(Quiet(name), 'rb') as f:\n"
+        "            seen = f.read(65536) if name.endswith('environ') else b''\n"
+        "        print(name, 'opened', seen.replace(b'\\0', b' ').decode(errors='replace'))\n"
         "    except Exception as err:\n"
         "        print(name, 'refused', type(err).__name__)"))}
     # a path object that names /proc/self/environ to open, and another file when asked again
@@ -642,8 +642,8 @@ def red_team() -> dict[str, dict[str, object]]:
         "        Twice.calls += 1\n"
         "        return '/proc/self/environ' if Twice.calls == 1 else 'notes.txt'\n\n\n"
         "try:\n"
-        "    open(Twice(), 'rb').close()\n"
-        "    print('opened')\n"
+        "    with open(Twice(), 'rb') as f:\n"
+        "        print('opened', f.read(65536).replace(b'\\0', b' ').decode(errors='replace'))\n"
         "except Exception as err:\n"
         "    print('refused', type(err).__name__)"))}
     # script in a written answer and in an output, for the instructor's browser

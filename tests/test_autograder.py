@@ -352,23 +352,23 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
     ada = nbformat.read(SAMPLE / "submissions" / "ada" / "alibi" / "02_worked_example.ipynb", as_version=4)
     nbformat.write(ada, tmp_path / "honest.ipynb")
     softmax = next(c for c in ada.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
-    softmax.source = "import sys\n\nsys.modules['alibi_ref.course.checks'].check = print\n" + softmax.source
+    softmax.source = "import sys\n\nfrom alibi_ref.course.exercises import softmax as theirs\n" + softmax.source
     nbformat.write(ada, tmp_path / "flagged.ipynb")
     # a module beside the notebook that it imports is read as grading reads it (a cell of the student's own)
     ada = nbformat.read(tmp_path / "honest.ipynb", as_version=4)
     ada.cells.insert(1, nbformat.v4.new_code_cell("import tools"))
     nbformat.write(ada, tmp_path / "module.ipynb")
-    (tmp_path / "tools.py").write_text("import sys\n\nsys.setprofile(None)\n")
+    (tmp_path / "tools.py").write_text("import sys\n\nfrom alibi_ref import get_slopes\n")
     # and a package's files, as grading hands them over
     ada.cells[1].source = "import tools_pkg"
     nbformat.write(ada, tmp_path / "package.ipynb")
     (tmp_path / "tools_pkg").mkdir()
     (tmp_path / "tools_pkg" / "__init__.py").write_text("from .inner import *\n")
-    (tmp_path / "tools_pkg" / "inner.py").write_text("import sys\n\nsys.setprofile(None)\n")
+    (tmp_path / "tools_pkg" / "inner.py").write_text("import sys\n\nfrom alibi_ref import get_slopes\n")
     # one that grading would not hand over (over 1 MiB) is not read, and Validate says what grading will do
     ada.cells[1].source = "import big_tools"
     nbformat.write(ada, tmp_path / "big.ipynb")
-    reaching = "import sys\n\n\ndef never_called():\n    sys.modules['alibi_ref.course.checks'].check = print\n"
+    reaching = "def never_called():\n    from alibi_ref import get_slopes\n"
     (tmp_path / "big_tools.py").write_text(reaching + "#" * 2**20 + "\n")
     said = {}
     for name in ("honest", "flagged", "module", "package", "big"):
@@ -381,8 +381,8 @@ def test_validate_fails_what_the_screen_flags_as_grading_does(tmp_path):
         return re.sub(r"\n +(?=\S)(?!The error was|The following)", " ", said)
 
     assert reasons(said["flagged"]).count(
-        "Flagged: no points for this exercise: cell 'softmax', line 3: reaches modules without an import statement "
-        "(sys.modules), which no exercise needs") == 4
+        "Flagged: no points for this exercise: cell 'softmax', line 3: imports alibi_ref.course.exercises.softmax from "
+        "the reference module; this notebook asks you to write it yourself (a graded kernel does not have it)") == 1
     assert "Success" not in said["flagged"]
     assert reasons(said["module"]).count(
         "Flagged: no points for this exercise: cell 'a module you handed in (tools.py)', line 3") == 4, said["module"]

@@ -666,6 +666,10 @@ def _notebook_with_answer(source):
     # private keys and attributes of objects the notebook makes itself: its own state
     "softmax_cache = {}\nsoftmax_cache['_last'] = None\n\nclass Box:\n    pass\n\nbox = Box()\nbox._seen = 0\n"
     "setattr(box, 'axis', -1)\n\ndef softmax(x):\n    return x",
+    # what only a guard inside the kernel had to fear: nothing judged lives there now, and none is flagged
+    "import alibi_ref.course.checks as c\nc.judge = print\n\ndef softmax(x):\n    return x",
+    "import sys, threading, subprocess, gc\nsys.setprofile(None)\nm = sys.modules\nt = threading.Thread(target=print)"
+    "\nexec('y = 1')\n\ndef softmax(x):\n    return x",
 ])
 def test_honest_answers_are_not_flagged(source):
     assert screen_notebook(_notebook_with_answer(source)) == []
@@ -675,62 +679,19 @@ def test_honest_answers_are_not_flagged(source):
     ("from alibi_ref import get_slopes", "imports alibi_ref.get_slopes"),
     ("import alibi_ref.course.exercises as e", "imports alibi_ref.course.exercises"),
     ("from alibi_ref import multi_head_alibi", "imports alibi_ref.course.multi_head_alibi"),  # not in 02
-    ("import alibi_ref.course.checks as c\nc.judge = print", "changes c"),
-    ("import sys\nsys.setprofile(None)", "switches the profiler"),
-    ("def softmax(x):\n    return check.__globals__", "reads the insides"),
-    # around the import rule and the guard: measured to earn full points before they were flagged
-    ("import sys\nsetattr(sys.modules['alibi_ref.course.checks'].ReferenceGuard, '_hook', print)",
-     "reaches modules without an import statement (sys.modules)"),
-    ("from importlib import import_module\nref = import_module('alibi' + '_ref')", "(importlib)"),
-    ("import concurrent.futures as cf\n\ndef softmax(x):\n    return cf.ThreadPoolExecutor(1)", "another thread"),
-    # and their relatives
-    ("import os\nos.sys.modules", "(sys.modules)"),
-    ("from sys import modules", "(sys.modules)"),
-    ("ref = __import__('alibi_ref')", "(__import__)"),
-    ("x = __builtins__", "(__builtins__)"),
-    ("import torch\np = torch.multiprocessing.Process", "(torch.multiprocessing)"),
-    ("import threading as t\nt.Thread(target=print)", "(threading)"),
-    ("import os\nos.system('python -c 1')", "another process"),
-    ("import gc\nrefs = gc.get_referrers(check)", "(gc)"),
-    ("import inspect\nframe = inspect.stack()[1]", "(inspect.stack)"),
-    ("import sys\nframe = sys._getframe(1)", "(sys._getframe)"),
-    ("exec('x = 1')", "(exec)"),
-    ("f = eval('lambda x: x')", "(eval)"),
-    ("from alibi_ref.course import plots\nsetattr(plots, 'x', 1)", "sets an attribute through setattr"),
-    ("g = getattr(check, '__globals__')", "reads the insides of an object (__globals__)"),
-    ("d = vars(check)", "reads the insides of an object (vars)"),
-    ("switch = getattr(sys, 'setprofile')", "switches the profiler (setprofile)"),
-    ("from alibi_ref.course.checks import _lend", "imports _lend, a private part"),
-    ("from alibi_ref.course import checks\nf = checks._lend", "uses _lend, a private part"),
-    ("g = getattr(check, '__glob' + 'als__')", "reads an attribute of check"),
-    ("G = get_the_guard()\nG._hook = print", "changes a private part of an object (_hook)"),
-    ("G = get_the_guard()\nG.__enter__ = print", "changes a private part of an object (__enter__)"),
-    ("g = get_globals()\ng['_setprofile'] = print", "changes a private part of an object (_setprofile)"),
-    # a name bound to an object of the notebook's own somewhere, and to something else elsewhere, is not its own
-    ("g = {}\ng = get_globals()\ng['_setprofile'] = print", "changes a private part of an object (_setprofile)"),
-    ("import alibi_ref.course.checks as c\n\nclass G(c.ReferenceGuard):\n    pass\n\nmine = G()\nmine._hook = print",
-     "changes a private part of an object (_hook)"),
+    ("from alibi_ref.attention import alibi_attention as mine", "imports alibi_ref.attention.alibi_attention"),
 ])
-def test_reaching_for_the_reference_is_flagged(source, reason):
+def test_an_answer_that_imports_the_reference_is_flagged(source, reason):
     findings = screen_notebook(_notebook_with_answer(source))
-    assert any(reason in str(f) for f in findings), [str(f) for f in findings]
+    assert [reason in str(f) and "a graded kernel does not have it" in str(f) for f in findings] == [True], findings
+    assert not findings[0].lasting, "it costs its own exercise"
 
 
-def test_a_cell_of_the_students_own_is_held_to_what_lasts():
+def test_a_cell_of_the_students_own_may_import_the_reference_to_study_it():
     nb = _notebook_with_answer("def softmax(x):\n    return x")
     at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "softmax")
-    # study: the reference imported to compare with, an object looked inside
     nb.cells.insert(at, nbformat.v4.new_code_cell("from alibi_ref import get_slopes\nprint(get_slopes(8), vars(Q))"))
     assert screen_notebook(nb) == []
-    nb.cells.insert(at, nbformat.v4.new_code_cell("import sys\nsys.modules['alibi_ref.course.checks'].check = print"))
-    findings = screen_notebook(nb)
-    expected = [(f"a cell you added (cell {at + 1})", at, True)]
-    assert [(f.cell, f.index, f.lasting) for f in findings] == expected, findings
-    # in an answer cell: going around the guard lasts, reading the insides or importing the reference does not
-    for source, lasting in [("import sys\nm = sys.modules", True), ("import sys\nsys.setprofile(None)", True),
-                            ("f = check.__globals__", False), ("from alibi_ref import get_slopes", False)]:
-        assert [f.lasting for f in screen_notebook(_notebook_with_answer(source))] == [lasting], source
-
 
 
 def test_the_modules_a_notebook_imports_are_screened_as_cells_of_its_own_and_no_other_module_is_handed_over():
@@ -738,13 +699,12 @@ def test_the_modules_a_notebook_imports_are_screened_as_cells_of_its_own_and_no_
 
     nb = _notebook_with_answer("from helpers import softmax")
     sources = {"helpers": "import numpy as np\nfrom rows import shift\n\ndef softmax(x):\n    return shift(x)\n",
-               "rows": "from alibi_ref import get_slopes  # to compare with: study, as in a cell of one's own\n"
-                       "def shift(x):\n    return x - x.max()\n",
-               "notes": "import sys\nsys.setprofile(None)\n", "broken": "def f(:\n"}
+               "rows": "def shift(x):\n    return x - x.max()\n",
+               "notes": "import numpy as np\nfrom alibi_ref import get_slopes\n", "broken": "def f(:\n"}
     used = imported_modules(nb, sources)
     assert sorted(used) == ["helpers", "rows"], "what the cells import and what that imports; nothing else"
     assert screen_notebook(nb, used) == []
-    # what lasts fails every test cell of the notebook, wherever the module is first imported
+    # a module that imports the reference fails every test cell of the notebook, wherever it is first imported
     nb.cells.insert(0, nbformat.v4.new_code_cell("import notes"))
     used = imported_modules(nb, sources)
     findings = screen_notebook(nb, used)
@@ -764,7 +724,7 @@ def test_a_package_a_notebook_imports_is_handed_over_whole_and_screened_file_by_
     nb = _notebook_with_answer("from mylib import softmax")
     sources = {"mylib/__init__": "from .core import softmax\n", "mylib/core": "import rows\n\ndef softmax(x):\n"
                "    return rows.shift(x)\n", "mylib/sub/deep": "x = 1\n", "rows": "def shift(x):\n    return x\n",
-               "other/__init__": "import sys\nsys.setprofile(None)\n", "mylib_too": "x = 2\n"}
+               "other/__init__": "import numpy\nimport alibi_ref.bias\n", "mylib_too": "x = 2\n"}
     used = imported_modules(nb, sources)
     assert sorted(used) == ["mylib/__init__", "mylib/core", "mylib/sub/deep", "rows"]
     assert screen_notebook(nb, used) == []
@@ -788,8 +748,8 @@ def test_the_scripts_a_notebook_runs_with_percent_run_are_handed_over_and_screen
                                                                      "not_a_magic", "argv")}
     assert sorted(imported_modules(nb, sources)) == ["by_name", "hw1-helpers", "more"]
     assert screen_notebook(nb, imported_modules(nb, sources)) == []
-    # a script is code of the student's own: what lasts in it fails every test cell
-    sources["more"] = "import sys\nsys.setprofile(None)\n"
+    # a script is code of the student's own, held to the rule as a module is
+    sources["more"] = "import sys\nfrom alibi_ref import alibi_bias\n"
     findings = screen_notebook(nb, imported_modules(nb, sources))
     assert [(f.cell, f.line, f.lasting) for f in findings] == [("a module you handed in (more.py)", 2, True)]
 

@@ -47,11 +47,13 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "Hint: for a head count that is not a power of two" in cy
     assert "MemoryError" in reasons["max", "03_slope_zero"]
     assert "the code in cell 7 ended the kernel (exit() or quit())" in reasons["hal", "02_worked_example"]
-    assert "changes c, which comes from alibi_ref" in reasons["rex", "01_slopes_and_bias"]
-    assert "switches the profiler" in reasons["rex", "03_slope_zero"]
-    assert "a cell you added (cell 16)', line 3: reaches modules without an import statement (sys.modules)" in (
-        reasons["vic", "01_slopes_and_bias"])
-    assert "runs code in another thread or process (concurrent)" in reasons["vic", "04_causal"]
+    # patching the checks or numpy in the kernel changes no verdict: only the zeros paper_slopes returns cost
+    assert reasons["rex", "01_slopes_and_bias"].startswith("failed test_paper_slopes (CheckFailed: paper_slopes(8)")
+    assert "name 'multi_head_alibi' is not defined" in reasons["rex", "03_slope_zero"]  # not in its view
+    assert "alibi_bias([0.5, 0.25], 5): raised ImportError: alibi_ref.alibi_bias is not available while grading" \
+        in reasons["vic", "01_slopes_and_bias"]
+    assert "cell 'decode_step', line 5: imports alibi_ref.course.exercises from the reference module" in reasons[
+        "vic", "04_causal"]  # the screen's one rule
     # what reached for the reference in the guard's time finds none in a graded kernel (view.py)
     unavailable = "raised ImportError: alibi_ref.alibi_attention is not available while grading"
     for student in ("vic", "wes"):
@@ -66,10 +68,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     for name in ("01_slopes_and_bias", "04_causal"):  # a copy of the package is a copy of the view
         assert "raised NameError: name 'mine' is not defined" in reasons["yul", name]
     assert "raised NameError: name 'fast_bias' is not defined" in reasons["zed", "10_jax_flax"]
-    # a module handed in beside the notebook is screened as a cell of the student's own; one nothing imports
-    # (quinn's scratch_work.py, which starts a process) is not handed to the kernel, and flags nothing
-    assert "cell 'a module you handed in (fast_decode.py)', line 2: runs code in another thread or process " \
-           "(subprocess)" in reasons["ora", "04_causal"]
+    # a module handed in beside the notebook that runs the reference in another Python: that Python has none either
+    assert reasons["ora", "04_causal"].startswith("failed test_decode_step (CheckFailed: decode_step")
     # quinn's own torch.compile call ran (eagerly: no compiler's process per kernel), and printed
     quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
     assert "compiled: " in quinn and "InductorError" not in quinn
@@ -174,13 +174,18 @@ def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_
         return "".join(o.get("text", "") + o.get("evalue", "") for c in nb.cells if c.cell_type == "code"
                        for o in c.outputs)
 
-    # the in-kernel guard refuses these before the sandbox must (test_a_sandboxed_kernel_sees_nothing_it_should_not
-    # tries them where no guard is)
-    for student in ("rt-remount", "rt-processes"):
-        assert "another process" in own_output(student) and "planted" not in own_output(student)
+    # the sandbox refuses these (test_a_sandboxed_kernel_sees_nothing_it_should_not tries them one by one)
+    assert "refused" in own_output("rt-remount") and "planted" not in own_output("rt-remount")
+    forks = re.search(r"stopped after (\d+) BlockingIOError", own_output("rt-processes"))
+    assert forks and int(forks[1]) < 512, own_output("rt-processes")[-500:]
     assert "doors []" in own_output("rt-zygote") and "descriptors refused" in own_output("rt-zygote")
-    assert own_output("rt-procmem").count("refused") == 2 and "opened" not in own_output("rt-procmem")
-    assert "refused RuntimeError" in own_output("rt-fspath")
+    # a kernel's environment and memory are its own to read: the grader's secret is in neither, only where the
+    # cases it drew are
+    secret = (out / "state" / "hidden-cases.key").read_text().strip()
+    for student in ("rt-procmem", "rt-fspath"):
+        assert "environ opened" in own_output(student) or "opened" in own_output(student)
+        assert secret not in own_output(student) and "/grading/cases.json" in own_output(student)
+    assert "/proc/1/environ refused" in own_output("rt-procmem"), "the zygote (or bwrap) is not the kernel's to read"
     # outputs keep a bounded part of each error: three of 20 MB left a notebook of kilobytes
     big = out / "course" / "autograded" / "rt-big-errors" / "alibi" / "01_slopes_and_bias.ipynb"
     assert big.stat().st_size < 2**20
