@@ -1,13 +1,16 @@
-"""JAX's compilation cache: filled once per assignment from the instructor's notebooks, lent to every kernel.
+"""JAX's compilation cache: filled once per assignment from the released notebooks, lent to every kernel.
 
-A notebook that uses JAX spends most of its time compiling: every operation run eagerly and every
-``jax.jit`` is compiled by XLA for its shapes (notebook 10: about 7 s of its 11). Those programs are
-nearly the same for every student, since the exercises' cases and layers are. JAX can keep compiled
-programs on disk (its persistent compilation cache, keyed by the program, the jaxlib version, the
-backend and the compile options). So the grader runs the assignment's source notebooks that import
-JAX once, in the sandbox like any kernel, while the source stays unchanged, and keeps the cache they
-filled. Each kernel then starts with a private copy in its scratch folder (``JAX_COMPILATION_CACHE_DIR``,
-see ``sandbox.kernel_env``): it reads what it needs and adds what it compiles, and what it adds goes
+A notebook that uses JAX spends much of its time compiling: every operation run eagerly and every
+``jax.jit`` is compiled by XLA for its shapes. JAX can keep compiled programs on disk (its persistent
+compilation cache, keyed by the program, the jaxlib version, the backend and the compile options).
+So the grader runs the assignment's released notebooks that import JAX once, in the sandbox like any
+kernel (the students' view of the package), while the source stays unchanged, and keeps the cache
+they filled: the programs of the locked cells and of what the library compiles for any answer. Never
+the instructor's notebooks: a kernel holds a copy of the cache, and JAX can load and run a cached
+executable by hand, so a solution compiled into it would be the reference in another form.
+
+Each kernel starts with a private copy in its scratch folder (``JAX_COMPILATION_CACHE_DIR``, see
+``sandbox.kernel_env``): it reads what it needs and adds what it compiles, and what it adds goes
 with its folder, so nothing one student runs reaches another. A cached program is the one XLA would
 compile; XLA refuses to load one built for a CPU with other features and compiles afresh. Locally the
 cache lives in the grading output's state; a Dask worker machine fills its own, once.
@@ -46,7 +49,7 @@ def uses_jax(nb) -> bool:
 
 
 def fill(source: Path, target: Path, policy_for: Callable[[Path], SandboxPolicy], cell_timeout: int) -> int:
-    """Run the notebooks in ``source`` that import JAX (the instructor's, solutions included) in the
+    """Run the notebooks in ``source`` that import JAX (the released ones: no solution in them) in the
     sandbox each gets (``policy_for(path)``) and keep the compilation cache they fill in ``target``. Returns
     the number of programs cached. A notebook that fails fills what it reached: the cache only makes
     grading faster."""

@@ -105,7 +105,7 @@ class SandboxedExecute(Execute):
                                 "folder is discarded, so it is killed (with what it started) rather than asked "
                                 "to stop and waited for").tag(config=True)
     compile_cache_dir = Unicode("", help="Where ASSIGNMENT/ holds JAX's compilation cache filled from the "
-                                         "instructor's notebooks; each kernel gets a copy (compile_cache.py)"
+                                         "released notebooks; each kernel gets a copy (compile_cache.py)"
                                 ).tag(config=True)
     checks_module = Unicode("alibi_ref.course.grading", help="The course's grading module: its views of the "
                                                                "package (views_of, write_view) and the variable its "

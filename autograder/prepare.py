@@ -123,7 +123,7 @@ def prepare_kernel_files(s: Settings, assignment: str, source_hash: str) -> None
 
 
 def prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> None:
-    """JAX's compilation cache for the assignment, filled from its source notebooks (compile_cache.py)
+    """JAX's compilation cache for the assignment, filled from its released notebooks (compile_cache.py)
     once while the source and JAX stay as they are."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -133,7 +133,9 @@ def prepare_compile_cache(s: Settings, assignment: str, source_hash: str) -> Non
         jax = version("jaxlib")
     except PackageNotFoundError:
         return
-    source = s.output / "course" / "source" / assignment
-    _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax,
-                        lambda: compile_cache.fill(source, compile_cache_dir(s) / assignment,
+    # the release, never the source: a program compiled from a solution, in a kernel's copy of the cache, would be
+    # the reference in another form (JAX can load and run a cached executable by hand)
+    release = s.output / "course" / "release" / assignment
+    _rebuild_if_changed(compile_cache_dir(s) / f"{assignment}.key", source_hash + jax + "release",
+                        lambda: compile_cache.fill(release, compile_cache_dir(s) / assignment,
                                                    lambda path: notebook_policy(s, assignment, path), s.cell_timeout))

@@ -148,7 +148,7 @@ class JudgeChecks(NbGraderPreprocessor):
         for (key, lent), calls in sorted(wanted.items()):
             rescued = run_again(checks.helpers_in(key), lent)
             for i, call in calls:
-                for payload in self._payloads(rescued.cells[i], checks):
+                for payload in self._payloads(rescued.cells[i], checks, rescue_run=True):
                     if payload.get("exercise") == call[0] and payload.get("seed") == call[1]:
                         try:
                             verdict = checks.judge(payload, self._secret, rescue=True)
@@ -167,8 +167,12 @@ class JudgeChecks(NbGraderPreprocessor):
             _LOADED[str(path)] = mtime
 
     @staticmethod
-    def _payloads(cell, checks) -> list:
-        return [o.data[checks.MIME] for o in cell.get("outputs", []) if _handed_back(o, checks)]
+    def _payloads(cell, checks, rescue_run: bool = False) -> list:
+        """The values handed back in ``cell``. Results made with the reference's upstream answers are read only
+        from a rescue run, whose view lent them: anywhere else they are the student's to make up."""
+        payloads = [o.data[checks.MIME] for o in cell.get("outputs", []) if _handed_back(o, checks)]
+        return payloads if rescue_run else [{k: v for k, v in p.items() if k != "with_reference_upstream"}
+                                            if isinstance(p, dict) else p for p in payloads]
 
     @staticmethod
     def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None):

@@ -163,8 +163,8 @@ def views_dir(s: Settings, assignment: str) -> Path:
 
 
 def notebook_policy(s: Settings, assignment: str, notebook: Path) -> SandboxPolicy:
-    """The sandbox of one of the instructor's notebooks run by the grader (timed, or filling a cache): the settings'
-    limits, and the view and cases the students' runs of that notebook see."""
+    """The sandbox of one of the course's notebooks that the grader runs itself (the solution timed, a release
+    filling the compilation cache): the settings' limits, and the view and cases students' runs of it see."""
     import nbformat
 
     from .execute import course_sandbox

@@ -302,7 +302,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 @needs_bwrap
 def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_privately(tmp_path):
-    """The source notebook that imports JAX fills the cache (the one that does not is not run); a kernel
+    """The notebook that imports JAX fills the cache (the one that does not is not run); a kernel
     forked for a student starts with a copy, so it compiles only what the cache lacks, and what it adds
     stays in its own folder."""
     from autograder import compile_cache
@@ -317,7 +317,7 @@ def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_pri
     assert [compile_cache.uses_jax(source / f"{n}.ipynb") for n in ("uses_jax", "plain")] == [True, False]
     policy = SandboxPolicy(memory_bytes=2 * 2**30)
     cache = tmp_path / "cache"
-    filled = compile_cache.fill(source, cache, policy, cell_timeout=60)
+    filled = compile_cache.fill(source, cache, lambda path: policy, cell_timeout=60)
     assert filled > 0 and filled == len(list(cache.iterdir()))
     assert not _processes_mentioning("autograder-compile-cache-"), "the kernels that filled the cache have ended"
     before = sorted(p.name for p in cache.iterdir())
@@ -335,7 +335,7 @@ def test_jax_compilations_are_cached_from_the_instructors_notebooks_and_lent_pri
     empty = tmp_path / "no_jax"
     empty.mkdir()
     shutil.copy(source / "plain.ipynb", empty)
-    assert compile_cache.fill(empty, tmp_path / "cache2", policy, cell_timeout=60) == 0
+    assert compile_cache.fill(empty, tmp_path / "cache2", lambda path: policy, cell_timeout=60) == 0
     assert not (tmp_path / "cache2").exists()
 
 
