@@ -689,6 +689,37 @@ def red_team() -> dict[str, dict[str, object]]:
         "    except OSError:\n"
         "        pass\n"
         "os._exit(1)"))}
+    # reaches, by a computed name, for the reference's upstream answers that a rescue run lends, and forces rescue
+    # runs with a uniform softmax: alibi_head finds none in its own runs, and only multi_head's verdict (its own,
+    # right, code) is read from the run that lends them
+    two = "02_worked_example"
+    s["rt-lent"] = {two: filled(two, {
+        "softmax": [("    x = np.asarray(x, dtype=np.float64)\n",
+                     "    return np.ones_like(np.asarray(x, float)) / np.shape(x)[-1]\n")],
+        "alibi_head": [("    N, d_k = Qh.shape\n",
+                        "    import importlib\n\n"
+                        "    try:\n"
+                        "        lent = importlib.import_module('alibi_ref.course.' + 'upstream')\n"
+                        "        return lent.alibi_head(Qh, Kh, Vh, slope)\n"
+                        "    except (ImportError, AttributeError):\n"
+                        "        pass\n"
+                        "    N, d_k = Qh.shape\n"),
+                       ("    weights = softmax(alibi_scores)", "    weights = softmax(alibi_scores) * 0")]})}
+    # looks through every folder the kernel can see for a copy of the reference's source, to run it
+    s["rt-search"] = {one: own_cell(filled(one, ZERO_SLOPES), "paper_slopes", (
+        "import os, sys\n"
+        "found = []\n"
+        "for root in sorted({p for p in sys.path if os.path.isdir(p)} | {'/tmp', '/var/tmp', os.getcwd(), '/usr'}):\n"
+        "    for folder, _, names in os.walk(root):\n"
+        "        for name in names:\n"
+        "            if name.endswith('.py') and name in ('slopes.py', 'bias.py', 'exercises.py', 'attention.py'):\n"
+        "                path = os.path.join(folder, name)\n"
+        "                try:\n"
+        "                    if 'def get_slopes(' in open(path).read():\n"
+        "                        found.append(path)\n"
+        "                except OSError:\n"
+        "                    pass\n"
+        "print('copies of the reference found:', found)"))}
     # honest: a note on stderr and a tqdm progress bar while the check runs its answer
     s["hon-notes"] = {one: filled(one, {"paper_slopes": [(
         "    def geometric(n):",

@@ -5,6 +5,7 @@ import os
 import pickle
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -610,6 +611,31 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
     assert [e.ename for e in errors[3]] == ["GradingStopped"]
     assert "could not be read" in errors[4][0].evalue
     assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
+
+
+def test_results_made_with_lent_upstream_answers_count_only_from_a_rescue_run():
+    """In a student's session a wrong alibi_head is lent the reference's, and multi_head is right with it. When
+    grading, those results are read only from a rescue run, whose view lent them: in any other run they are the
+    student's to make up (a cell can display any payload), so the grader does not read them there."""
+    namespace = {"np": np}
+    exec(textwrap.dedent('''
+        def alibi_head(Qh, Kh, Vh, slope):
+            return np.zeros((len(Qh), len(Kh))), np.zeros((len(Qh), Vh.shape[1]))
+
+        def multi_head(Q, K, V, slopes):
+            H = len(slopes)
+            d_k, d_v = Q.shape[1] // H, V.shape[1] // H
+            heads = [alibi_head(Q[:, h * d_k:(h + 1) * d_k], K[:, h * d_k:(h + 1) * d_k], V[:, h * d_v:(h + 1) * d_v],
+                                m) for h, m in enumerate(slopes)]
+            return np.hstack([o for _, o in heads]), np.stack([w for w, _ in heads])
+    '''), namespace)
+    payload = json.loads(json.dumps(run("multi_head", namespace["multi_head"], 4)))
+    assert payload["upstream"] == ["alibi_head"] and judge(payload).passed, "rescued in the student's session"
+    source = 'check("multi_head", multi_head, hidden=4)'
+    nb = nbformat.v4.new_notebook(cells=[_graded_cell(source, [_payload_output(payload)])])
+    JudgeChecks().preprocess(nb, {})
+    assert [o.ename for o in nb.cells[0].outputs] == ["CheckFailed"], nb.cells[0].outputs
+    assert judge(payload, rescue=True).passed, "what a rescue run hands back is judged by what it lent"
 
 
 def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(tmp_path, monkeypatch):

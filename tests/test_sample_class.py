@@ -179,6 +179,7 @@ def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_
     forks = re.search(r"stopped after (\d+) BlockingIOError", own_output("rt-processes"))
     assert forks and int(forks[1]) < 512, own_output("rt-processes")[-500:]
     assert "doors []" in own_output("rt-zygote") and "descriptors refused" in own_output("rt-zygote")
+    assert "copies of the reference found: []" in own_output("rt-search")
     # a kernel's environment and memory are its own to read: the grader's secret is in neither, only where the
     # cases it drew are
     secret = (out / "state" / "hidden-cases.key").read_text().strip()
