@@ -26,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from jupyter_core.utils import run_sync
 from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
@@ -242,6 +243,10 @@ class SandboxedExecute(Execute):
                     self.preprocess_cell(cell, resources, index)
                     if self._exit_asked:
                         raise KernelExited
+                    # its folder's bounds, after each cell as well: nbclient asks about once a second while a cell
+                    # runs, and a cell that writes fast ends between two asks
+                    if not run_sync(self.km.is_alive)():
+                        raise DeadKernelError(f"the kernel is gone after cell {index}")
         except NotebookTimeout:
             return "timeout", f"the notebook ran past its {self.notebook_timeout} s limit (at cell {index})", index
         except KernelExited:

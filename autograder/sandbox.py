@@ -229,7 +229,7 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path, uid: int | None = None,
     limit = (["prlimit", f"--as={policy.memory_bytes}", f"--fsize={policy.file_bytes}",
               f"--nproc={policy.processes}", "--"] if shutil.which("prlimit") else [])
     join = cgroup.join_prefix() if cgroup is not None else []
-    if not policy.use_bwrap or bwrap_problem():
+    if not sandboxed(policy):
         return join + limit
     if uid is not None:  # root: namespaces but no user namespace, so that setpriv can become ``uid`` inside
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
@@ -449,6 +449,11 @@ def write_startup(scratch: Path) -> None:
     (folder / "00-grading.py").write_text(STARTUP)
 
 
+def sandboxed(policy: SandboxPolicy) -> bool:
+    """Whether kernels under ``policy`` run in bubblewrap (else only with its limits: a warning says so)."""
+    return policy.use_bwrap and bwrap_problem() is None
+
+
 def kernel_env(scratch: Path, policy: SandboxPolicy | None = None) -> dict:
     """A small environment: nothing of the grader's own variables leaks into the kernel."""
     env = {
@@ -468,9 +473,18 @@ def kernel_env(scratch: Path, policy: SandboxPolicy | None = None) -> dict:
         # not XLA's GPU autotuning cache: JAX would put its folder, which differs per kernel, into every key
         "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
         "NBGRADER_EXECUTION": "autograde",
-        **dict(policy.env if policy is not None else ()),
+        **_course_env(policy),
     }
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the machine's BLAS workarounds
         if name in os.environ:
             env[name] = os.environ[name]
     return env
+
+
+def _course_env(policy: SandboxPolicy | None) -> dict:
+    """The course's variables; one naming where the sandbox shows the cases file names the file itself where
+    there is no sandbox to show it."""
+    if policy is None:
+        return {}
+    where = policy.cases_path if sandboxed(policy) or not policy.cases else policy.cases
+    return {name: where if value == policy.cases_path else value for name, value in policy.env}

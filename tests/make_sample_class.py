@@ -513,14 +513,13 @@ def a_copy_of_the_reference() -> dict:
 
 def the_reference_in_another_process() -> dict:
     """Installed code runs commands for whoever calls it: the answers have IPython's shell escape (``!``, and
-    ``getoutput``) run the reference in another Python, out of the guard's sight, and read its values back
-    (full marks before the guard asked every caller of a process start, not only the first outside the
-    standard library)."""
+    ``getoutput``) run the reference in another Python and read its values back (full marks while a guard in
+    the kernel watched for the reference): that Python sees the kernel's view of the package, with none."""
     nb01 = filled("01_slopes_and_bias")
     answer(nb01, "paper_slopes", (
-        "import json\nimport os\nimport sys\nimport tempfile\n\n\n"
+        "import json\nimport sys\n\n\n"
         "def paper_slopes(n_heads, max_bias=8.0):\n"
-        "    out = os.path.join(tempfile.mkdtemp(), 'slopes.json')\n"
+        "    out = 'slopes.json'  # in the kernel's folder, where the other Python starts too\n"
         "    code = (f'import json; from alibi_ref import get_slopes; '\n"
         "            f\"json.dump(get_slopes({n_heads}, max_bias={max_bias}).tolist(), open('{out}', 'w'))\")\n"
         "    !{sys.executable} -c \"{code}\"\n"
