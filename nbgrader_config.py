@@ -19,6 +19,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # students' Assignment List (configured in course/nbgrader_config.py) finds it
 c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".exchange")
 
+# this course's checks: judged by the grader (autograder/verdicts.py), and what its kernels see (views)
+c.JudgeChecks.checks_module = "alibi_ref.course.grading"
+
 # the autograder forks each notebook's kernel from a zygote in the student's sandbox that has already
 # imported these (autograder/zygote.py): paid once per student instead of once per notebook
 c.SandboxedExecute.preload = ["numpy", "torch", "matplotlib.pyplot", "matplotlib_inline.backend_inline", "ipywidgets",

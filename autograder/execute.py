@@ -33,8 +33,6 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Enum, Integer, List, Unicode
 
-from alibi_ref.course.wire import MIME as CHECK_MIME
-
 from .compile_cache import lend
 from .files import read_tail
 from .sandbox import SandboxedKernelManager, SandboxPolicy, new_scratch
@@ -108,10 +106,9 @@ class SandboxedExecute(Execute):
     compile_cache_dir = Unicode("", help="Where ASSIGNMENT/ holds JAX's compilation cache filled from the "
                                          "released notebooks; each kernel gets a copy (compile_cache.py)"
                                 ).tag(config=True)
-    checks_module = Unicode("alibi_ref.course.grading", help="The course's grading module: its views of the "
-                                                               "package (views_of, write_view) and the variable its "
-                                                               "checks read the cases from (GRADING_ENV)"
-                            ).tag(config=True)
+    checks_module = Unicode("", help="The course's grading module (JudgeChecks.checks_module): its views of the "
+                                     "package (views_of, write_view) and the variable its checks read the cases from "
+                                     "(GRADING_ENV); none: kernels see no package of the course's").tag(config=True)
     views_dir = Unicode("", help="Where ASSIGNMENT/KEY holds each view of the course's package "
                                  "(prepare.prepare_kernel_files); none: kernels see no package of the course's"
                         ).tag(config=True)
@@ -121,8 +118,8 @@ class SandboxedExecute(Execute):
                                    "(numpy, torch, ...); the kernel itself is always preloaded").tag(config=True)
     output_limit = Integer(2 * 2**20, help="Bytes of output a cell keeps (text, and images as they came); the rest "
                                            "is left out as it arrives, with a note. 0: no limit").tag(config=True)
-    kept_whole = List(Unicode(), [CHECK_MIME], help="MIME types of the values a course's checks hand back: "
-                                                   "kept up to check_output_limit, since a verdict reads them"
+    kept_whole = List(Unicode(), help="MIME types of the values a course's checks hand back (the grading module's "
+                                      "MIME): kept up to check_output_limit, since a verdict reads them"
                       ).tag(config=True)
     check_output_limit = Integer(64 * 2**20, help="Bytes of kept_whole outputs a cell keeps, and the whole "
                                                   "notebook (the course's largest check hands back 0.4 MB)"

@@ -16,7 +16,6 @@ idempotent and an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import multiprocessing
 import os
 import shutil
@@ -31,7 +30,7 @@ from .course import Course
 from .job import grade_student, record_done, write_submitted
 from .prepare import prepare_course, tree_hash
 from .sandbox import SandboxPolicy, warn_if_unsandboxed
-from .workspace import Settings, checks_module, ensure_tools_on_path, hidden_cases_key, state_dir
+from .workspace import Settings, checks_package, ensure_tools_on_path, hidden_cases_key, state_dir
 
 
 def _stage(s: Settings, submission: Submission, notebooks) -> None:
@@ -133,8 +132,8 @@ def grading_fingerprint(s: Settings, assignment: str) -> str:
     configuration, the checks' and the grader's code, the hidden cases' secret, the limits and the gradebook.
     A submission last graded under another fingerprint is graded again: before, fixing a test in the
     source, or raising a time limit for the students who ran out of it, left every grade as it was."""
-    checks = Path(importlib.import_module(checks_module(s).split(".")[0]).__file__).parent
-    parts = [tree_hash(s.course.source / assignment), tree_hash(checks, "*.py"),
+    checks = checks_package(s)
+    parts = [tree_hash(s.course.source / assignment), tree_hash(checks, "*.py") if checks else "",
              tree_hash(Path(__file__).parent, "*.py"), hidden_cases_key(s).read_text(),
              s.course.config_file.read_text() if s.course.config_file else "", s.course.course_id,
              repr((s.timeout, s.cell_timeout, s.memory_bytes, s.sandbox)), s.db_url]

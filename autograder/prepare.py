@@ -14,6 +14,7 @@ from .workspace import (
     Settings,
     cases_file,
     checks_module,
+    checks_package,
     compile_cache_dir,
     expected_dir,
     hidden_cases_key,
@@ -80,9 +81,10 @@ def _prepare_expected_values(s: Settings, assignment: str, source_hash: str) -> 
     source and the checks' code stay as they are) instead of by every judging process."""
     from .verdicts import read_secret, save_expected_values
 
-    module = checks_module(s)
+    module, package = checks_module(s), checks_package(s)
+    if not module:
+        return
     key = hidden_cases_key(s)
-    package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
     values = expected_dir(s) / f"{assignment}.pickle"
 
     def build() -> bool:
@@ -100,12 +102,10 @@ def prepare_kernel_files(s: Settings, assignment: str, source_hash: str) -> None
     (the course's ``write_cases`` and ``write_view``; a course without them has neither)."""
     from .verdicts import read_secret, source_check_calls
 
-    module = checks_module(s)
-    grading = importlib.import_module(module)
-    if not hasattr(grading, "write_view"):
+    module, package = checks_module(s), checks_package(s)
+    if not module or not hasattr(grading := importlib.import_module(module), "write_view"):
         return
     key = hidden_cases_key(s)
-    package = Path(importlib.import_module(module.split(".")[0]).__file__).parent
     source = s.output / "course" / "source" / assignment
 
     def build() -> None:

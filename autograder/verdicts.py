@@ -90,10 +90,11 @@ _LOADED: dict[str, float] = {}  # an expected values file -> its mtime when this
 
 
 class JudgeChecks(NbGraderPreprocessor):
-    checks_module = Unicode("alibi_ref.course.grading", help="The course's grading module: MIME (the payloads' "
-                                                             "type), judge(payload, secret) -> Verdict, Verdict, and "
-                                                             "where it has views (views_of, upstream_of) the runs of "
-                                                             "other views and rescue runs").tag(config=True)
+    checks_module = Unicode("", help="The course's grading module (this course's nbgrader_config.py names "
+                                     "alibi_ref.course.grading): MIME (the payloads' type), judge(payload, secret) -> "
+                                     "Verdict, Verdict, and where it has views (views_of, upstream_of) the runs of "
+                                     "other views and rescue runs; none: test cells are graded as nbgrader grades "
+                                     "them").tag(config=True)
     expected_dir = Unicode("", help="Where ASSIGNMENT.pickle holds the reference's values for its checks, "
                                     "computed once (save_expected_values); none: each process computes them"
                            ).tag(config=True)
@@ -101,6 +102,8 @@ class JudgeChecks(NbGraderPreprocessor):
                                         "hidden cases the kernels ran").tag(config=True)
 
     def preprocess(self, nb, resources):
+        if not self.checks_module:
+            return nb, resources
         checks = importlib.import_module(self.checks_module)
         self._secret = read_secret(self.hidden_cases_key)
         self._load_expected(checks, resources.get("nbgrader", {}).get("assignment"))

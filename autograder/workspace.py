@@ -4,6 +4,8 @@ JAX compilation caches on this machine)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import secrets
@@ -63,8 +65,9 @@ def nbgrader_config(s: Settings, exchange: bool = False) -> Config:
     c.JudgeChecks.expected_dir = c.SandboxedExecute.cases_dir = str(expected_dir(s))
     c.JudgeChecks.hidden_cases_key = str(hidden_cases_key(s))
     c.SandboxedExecute.views_dir = str(s.output / "state" / "views")
-    if "checks_module" in c.JudgeChecks:  # a course that names its own
+    if c.JudgeChecks.get("checks_module"):  # a course with checks of its own (this one's nbgrader_config.py)
         c.SandboxedExecute.checks_module = c.JudgeChecks.checks_module
+        c.SandboxedExecute.kept_whole = [importlib.import_module(c.JudgeChecks.checks_module).MIME]
     c.SandboxedExecute.compile_cache_dir = str(compile_cache_dir(s))
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
@@ -172,6 +175,13 @@ def notebook_policy(s: Settings, assignment: str, notebook: Path) -> SandboxPoli
     _, course = course_sandbox(checks_module(s), str(s.output / "state" / "views"), str(expected_dir(s)), assignment,
                                nbformat.read(notebook, as_version=4))
     return SandboxPolicy(memory_bytes=s.memory_bytes, use_bwrap=s.sandbox, **course)
+
+
+def checks_package(s: Settings) -> Path | None:
+    """The folder of the package the course's grading module is in (found, not imported), or None."""
+    module = checks_module(s)
+    spec = importlib.util.find_spec(module.split(".")[0]) if module else None
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
 
 
 def checks_module(s: Settings) -> str:

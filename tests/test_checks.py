@@ -603,7 +603,7 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
                               _payload_output(hidden)]),
     ]
     nb = nbformat.v4.new_notebook(cells=cells)
-    JudgeChecks().preprocess(nb, {})
+    JudgeChecks(checks_module="alibi_ref.course.grading").preprocess(nb, {})
     errors = [[o for o in c.outputs if o.output_type == "error"] for c in nb.cells]
     assert errors[0] == [] and "4 visible checks pass" in nb.cells[0].outputs[0].text
     assert "no results came back" in errors[1][0].evalue
@@ -633,7 +633,7 @@ def test_results_made_with_lent_upstream_answers_count_only_from_a_rescue_run():
     assert payload["upstream"] == ["alibi_head"] and judge(payload).passed, "rescued in the student's session"
     source = 'check("multi_head", multi_head, hidden=4)'
     nb = nbformat.v4.new_notebook(cells=[_graded_cell(source, [_payload_output(payload)])])
-    JudgeChecks().preprocess(nb, {})
+    JudgeChecks(checks_module="alibi_ref.course.grading").preprocess(nb, {})
     assert [o.ename for o in nb.cells[0].outputs] == ["CheckFailed"], nb.cells[0].outputs
     assert judge(payload, rescue=True).passed, "what a rescue run hands back is judged by what it lent"
 

@@ -81,3 +81,17 @@ def test_the_walk_sees_imports_at_the_top_and_inside_functions():
 def test_no_import_cycle_in_alibi_ref_or_autograder():
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_the_autograder_alone_loads_neither_torch_nor_the_course():
+    """A course other than this one (nbgrader's own example, say) is graded without the ALiBi stack: the
+    autograder's modules import neither alibi_ref nor torch; the course's grading module is loaded only where
+    its nbgrader_config.py names one (JudgeChecks.checks_module)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport autograder.__main__, autograder.grade, autograder.execute, autograder.verdicts, "
+            "autograder.distributed, autograder.exchange, autograder.export\n"
+            "print(sorted(m for m in ('torch', 'alibi_ref', 'jax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
