@@ -751,7 +751,7 @@ def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors
     fails an nbgrader test cell) and the values a check hands back are never lost that way."""
     from nbformat.v4 import new_markdown_cell
 
-    from alibi_ref.course.checks import MIME
+    from alibi_ref.course.wire import MIME
     from autograder.execute import SandboxedExecute
 
     cells = {
@@ -763,7 +763,7 @@ def test_a_cell_that_prints_without_end_is_cut_as_it_prints_and_keeps_its_errors
         "redrawn": "from IPython.display import clear_output\nfor k in range(3):\n    clear_output(wait=True)\n"
                    "    print(str(k) * 1_500_000)",
     }
-    nb, _ = _executed([*cells.values(), new_markdown_cell("no outputs")], timeout=60)
+    nb, _ = _executed([*cells.values(), new_markdown_cell("no outputs")], timeout=60, kept_whole=[MIME])
     outputs = dict(zip(cells, (cell.outputs for cell in nb.cells[:-1]), strict=True))
 
     def kept(name, stream="stdout"):
