@@ -151,14 +151,10 @@ class JudgeChecks(NbGraderPreprocessor):
         for (key, lent), calls in sorted(wanted.items()):
             rescued = run_again(checks.helpers_in(key), lent)
             for i, call in calls:
-                for payload in self._payloads(rescued.cells[i], checks, rescue_run=True):
-                    if payload.get("exercise") == call[0] and payload.get("seed") == call[1]:
-                        try:
-                            verdict = checks.judge(payload, self._secret, rescue=True)
-                        except (ValueError, KeyError, TypeError):
-                            continue
-                        if verdict.passed:
-                            verdicts[i, call] = verdict
+                verdict = self._verdict(*call, self._payloads(rescued.cells[i], checks, rescue_run=True), checks,
+                                        False, self._secret, rescue=True)
+                if verdict is not None and verdict.passed:  # every payload for the call passed, as in any run
+                    verdicts[i, call] = verdict
 
     def _load_expected(self, checks, assignment) -> None:
         path = Path(self.expected_dir) / f"{assignment}.pickle"
@@ -178,14 +174,16 @@ class JudgeChecks(NbGraderPreprocessor):
                                             if isinstance(p, dict) else p for p in payloads]
 
     @staticmethod
-    def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None):
-        """The verdict on the values handed back for one check call; None where they did not come back
-        because the cell stopped before it (its error says why)."""
+    def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None, rescue=False):
+        """The verdict on the values handed back for one check call: the first that fails, where a cell showed
+        several (a guess per payload wins nothing); None where none came back because the cell stopped before it
+        (its error says why). ``rescue``: the results made with the upstream answers a rescue run lent."""
         verdicts = []
         for payload in payloads:
             if isinstance(payload, dict) and payload.get("exercise") == name and payload.get("seed") == seed:
                 try:
-                    verdicts.append(checks.judge(payload, secret))
+                    verdicts.append(checks.judge(payload, secret, rescue=True) if rescue
+                                    else checks.judge(payload, secret))
                 except (ValueError, KeyError, TypeError) as err:
                     verdicts.append(checks.Verdict(False, f"{name}: the values handed back could not be read "
                                                           f"({type(err).__name__}: {err})"))

@@ -636,6 +636,15 @@ def test_results_made_with_lent_upstream_answers_count_only_from_a_rescue_run():
     JudgeChecks(checks_module="alibi_ref.course.grading").preprocess(nb, {})
     assert [o.ename for o in nb.cells[0].outputs] == ["CheckFailed"], nb.cells[0].outputs
     assert judge(payload, rescue=True).passed, "what a rescue run hands back is judged by what it lent"
+    # in a rescue run too, a cell that shows one payload per guess wins nothing: every payload for a call must pass
+    from alibi_ref.course import grading
+
+    wrong = {**payload, "with_reference_upstream": payload["results"]}
+    for shown, passes in (([payload], True), ([wrong, payload], False)):
+        cell = _graded_cell(source, [_payload_output(p) for p in shown])
+        verdict = JudgeChecks._verdict("multi_head", 4, JudgeChecks._payloads(cell, grading, rescue_run=True),
+                                       grading, False, None, rescue=True)
+        assert verdict.passed == passes, (len(shown), verdict.message)
 
 
 def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(tmp_path, monkeypatch):
