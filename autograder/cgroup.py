@@ -41,8 +41,13 @@ def _v2_mount() -> Path | None:
     return None
 
 
-def _parents(memory_bytes: int, processes: int) -> list[tuple[Path, dict[str, str]]] | None:
-    """(folder to make a child cgroup in, {file: value} to bound it) for memory and pids, or None."""
+Limits = dict[str, str]  # {cgroup file: value}
+
+
+def _parents(v2_limits: Limits, v1_limits: dict[str, Limits]) -> list[tuple[Path, Limits]] | None:
+    """(folder to make a child cgroup in, {file: value} to bound it): one folder under cgroup v2 where its
+    controllers (each file's prefix) are enabled below this process's cgroup, else one per cgroup v1 controller
+    (``v1_limits``' keys); None where neither is."""
     own = _own_paths()
     v2 = _v2_mount()
     if v2 is not None and "" in own:
@@ -51,11 +56,11 @@ def _parents(memory_bytes: int, processes: int) -> list[tuple[Path, dict[str, st
             enabled = (parent / "cgroup.subtree_control").read_text().split()
         except OSError:
             enabled = []
-        if {"memory", "pids"} <= set(enabled):
-            return [(parent, {"memory.max": str(memory_bytes), "memory.swap.max": "0", "pids.max": str(processes)})]
-    if "memory" in own and "pids" in own:  # cgroup v1, a hierarchy per controller
-        return [(CGROUP_ROOT / "memory" / own["memory"].lstrip("/"), {"memory.limit_in_bytes": str(memory_bytes)}),
-                (CGROUP_ROOT / "pids" / own["pids"].lstrip("/"), {"pids.max": str(processes)})]
+        if {file.split(".")[0] for file in v2_limits} <= set(enabled):
+            return [(parent, v2_limits)]
+    if all(controller in own for controller in v1_limits):  # cgroup v1, a hierarchy per controller
+        return [(CGROUP_ROOT / controller / own[controller].lstrip("/"), limits)
+                for controller, limits in v1_limits.items()]
     return None
 
 
@@ -68,7 +73,21 @@ class SandboxCgroup:
     @classmethod
     def create(cls, memory_bytes: int, processes: int) -> SandboxCgroup | None:
         """A new cgroup bounding memory and tasks, or None where this process may not make one."""
-        parents = _parents(memory_bytes, processes)
+        return cls._made(_parents(
+            {"memory.max": str(memory_bytes), "memory.swap.max": "0", "pids.max": str(processes)},
+            {"memory": {"memory.limit_in_bytes": str(memory_bytes)}, "pids": {"pids.max": str(processes)}}))
+
+    @classmethod
+    def cpu_share(cls, fraction: float) -> SandboxCgroup | None:
+        """A new cgroup whose processes together get ``fraction`` of one CPU, however idle the machine: a busy
+        machine made to measure (the tests' and benchmarks' load), or None where this process may not make one."""
+        period = 100_000
+        quota = max(1000, int(fraction * period))
+        return cls._made(_parents({"cpu.max": f"{quota} {period}"},
+                                  {"cpu": {"cpu.cfs_period_us": str(period), "cpu.cfs_quota_us": str(quota)}}))
+
+    @classmethod
+    def _made(cls, parents: list[tuple[Path, Limits]] | None) -> SandboxCgroup | None:
         if parents is None:
             return None
         name = f"alibi-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
