@@ -263,11 +263,11 @@ def flex_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups: in
 
 
 # the least head size each device's FlexAttention takes. CUDA (Triton): tl.dot needs 16, and torch's compiler raises
-# NotImplementedError below it ("NYI: embedding dimension ... must be at least 16"), after seconds of compiling: most
-# likely why the H100 run of 2026-11-27 failed a test with heads of 4 (its message was lost). The CPU: torch 2.13's
-# compiled kernel gave wrong rows for head sizes of 8 and 16 on an AVX2 machine (AMD EPYC, 2026-11-27): some rows
-# of the last (b, h) at N = 40..136, with no score_mod and no mask too; 24 and up were right (docs/performance.md,
-# "FlexAttention on the CPU")
+# NotImplementedError below it ("NYI: embedding dimension ... must be at least 16") only after seconds of compiling,
+# so unpadded, a call with heads of 4 stalls and then fails. The CPU: torch 2.13's compiled kernel gives wrong rows for
+# head sizes of 8 and 16 on AVX2 CPUs without AVX-512 (an AMD EPYC): some rows of the last (b, h) at N = 40..136,
+# with no score_mod and no mask too; 24 and up are right (docs/performance.md, "FlexAttention on the CPU"). Heads
+# padded with zeros to these sizes avoid both.
 CPU_FLEX_MIN_HEAD_DIM = 32
 TRITON_MIN_HEAD_DIM = 16  # CUDA, and the other devices whose kernels torch writes in Triton
 

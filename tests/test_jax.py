@@ -20,8 +20,8 @@ def to_jax(*arrays, dtype=None):
 @pytest.fixture(autouse=True)
 def full_float32_products():
     """On a GPU, JAX multiplies float32 matrices in TF32 unless told otherwise (its documented default): on an
-    H100 the Flax layers and the float32 paths then differed from the float64 references by up to 9e-4, past
-    float32's tolerances here (2026-11-27). These tests hold the ALiBi arithmetic to float32's rounding, so they
+    H100 the Flax layers and the float32 paths then differ from the float64 references by up to 9e-4, past
+    float32's tolerances here. These tests hold the ALiBi arithmetic to float32's rounding, so they
     ask for full float32 products, as torch's matmuls give by default; on the CPU nothing changes."""
     with jax.default_matmul_precision("highest"):
         yield
