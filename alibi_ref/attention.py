@@ -24,8 +24,8 @@ import numpy as np
 
 from ._backend import as_like, cast, float_dtypes, grad_taken, is_jax, is_tensor, repeat_heads, softmax, xp
 from .bias import alibi_bias, check_lengths, check_slopes, check_window, positional_bias
+from .bias_cache import cached_bias
 from .dispatch import Dims, choose_impl
-from .kept import kept
 
 
 def naive_attention(q, k, v, bias, scale: float, dropout_p: float = 0.0):
@@ -143,19 +143,19 @@ class Plan(NamedTuple):
     out_dtype: object
     work: object
     chosen: str
-    holds: object = None  # None, or what the plan holds only while, asked at each reuse (``_keeping``)
+    valid_while: object = None  # None, or what a cached plan is valid only while, asked at reuse (``_cache_policy``)
 
 
-# the plans of torch calls checked before, by what decided them (``_plan_key``), up to PLANS_KEPT of them: a model
+# the plans of torch calls checked before, by what decided them (``_plan_key``), up to PLAN_CACHE_SIZE of them: a model
 # calls with the same shapes step after step, and once a kernel has run, the checks' Python has left the CPU's
 # caches and costs 60-90 microseconds a call, more than a 256-token bfloat16 call's whole gap to plain
 # attention (docs/performance.md, "Per-call costs")
 _PLANS: dict = {}
-PLANS_KEPT = 256
+PLAN_CACHE_SIZE = 256
 
 
 def _plan_key(q, k, v, slopes, causal, scale, impl):
-    """Everything a torch call's plan follows from, hashable; None for a call whose plan is not kept (not all
+    """Everything a torch call's plan follows from, hashable; None for a call whose plan is not cached (not all
     tensors, arguments of unusual types, or inside torch.compile, which traces the checks into its graph)."""
     torch = sys.modules.get("torch")
     tensor = torch.Tensor if torch is not None else ()
@@ -169,18 +169,18 @@ def _plan_key(q, k, v, slopes, causal, scale, impl):
             v.device, slopes.device, grad, causal, scale, impl)
 
 
-def _known_plan(key) -> Plan | None:
-    """The plan kept for ``key``, where it still holds."""
+def _cached_plan(key) -> Plan | None:
+    """The plan cached for ``key``, where it is still valid."""
     plan = None if key is None else _PLANS.get(key)
-    return plan if plan is None or plan.holds is None or plan.holds() else None
+    return plan if plan is None or plan.valid_while is None or plan.valid_while() else None
 
 
-def _keeping(chosen: str, impl: str, q):
-    """Whether a torch call's plan may be kept, and what it then holds only while (None: for good). Asked by
-    name, a path is kept for good. "auto" on the CPU also asks whether the call's bias is kept (``bias_is_kept``),
-    which follows whether the slopes alone take a gradient, which the key does not tell apart from q's; so its
-    plan is not kept, unless the fused kernel took the call: then it holds while the kernel is available, which
-    ALIBI_REF_FUSED can change at any time."""
+def _cache_policy(chosen: str, impl: str, q):
+    """Whether a torch call's plan may be cached, and what it is then valid only while (None: for good). Asked
+    by name, a path is cached for good. "auto" on the CPU also asks whether the call's bias is cached
+    (``bias_is_cached``), which follows whether the slopes alone take a gradient, which the key does not tell
+    apart from q's; so its plan is not cached, unless the fused kernel took the call: then it is valid while the
+    kernel is available, which ALIBI_REF_FUSED can change at any time."""
     if impl != "auto":
         return True, None
     if chosen == "fused":
@@ -190,8 +190,8 @@ def _keeping(chosen: str, impl: str, q):
     return q.device.type == "cuda", None
 
 
-def _remember(key, plan: Plan) -> None:
-    if len(_PLANS) >= PLANS_KEPT:  # shapes that keep changing (a growing KV cache): start over
+def _cache_plan(key, plan: Plan) -> None:
+    if len(_PLANS) >= PLAN_CACHE_SIZE:  # shapes that keep changing (a growing KV cache): start over
         _PLANS.clear()
     _PLANS[key] = plan
 
@@ -219,15 +219,15 @@ def alibi_attention(
     "auto": naive for NumPy or the weights; sdpa for a few queries (up to FEW_QUERIES: a decoding step); else
     on the CPU fused where it is built and takes the call (from FUSED_CPU_MIN_KEYS keys, or where a gradient is
     taken; bfloat16 from FUSED_BF16_MIN_KEYS); otherwise strided from STRIDED_MIN_KEYS keys, sdpa below, where
-    the bias (up to KEPT_BIAS_NUMBERS numbers) is kept between calls (``bias_is_kept``), and for symmetric
+    the bias (up to CACHED_BIAS_NUMBERS numbers) is cached between calls (``bias_is_cached``), and for symmetric
     attention over a batch whose bias is small beside q (k_len <= B d / 4); on CUDA flex from FLEX_MIN_KEYS
     keys, sdpa below.
     strided, flex and fused never build an (H, N, N) tensor. On a CPU, call ``alibi_ref.flush_denormals()``
     once first: see ``alibi_ref.denormals`` for why ALiBi needs it to run at full speed. On the CPU the bias
-    a call builds (or the strided path's row) is kept for the next call with equal slopes values and lengths,
-    up to ``alibi_ref.kept.KEPT_BYTES`` in all (``alibi_ref.kept``; ``alibi_ref.kept.forget()`` lets it go).
-    A torch call's checks and choice of path are kept too, for the next call with the same shapes, dtypes,
-    devices, gradients and arguments (``_PLANS``; docs/performance.md, "Per-call costs").
+    a call builds (or the strided path's row) is cached for the next call with equal slopes values and lengths,
+    up to ``alibi_ref.bias_cache.CACHE_BYTES`` in all (``alibi_ref.bias_cache``; ``alibi_ref.bias_cache.clear()``
+    empties it). A torch call's checks and choice of path are cached too, for the next call with the same shapes,
+    dtypes, devices, gradients and arguments (``_PLANS``; docs/performance.md, "Per-call costs").
 
     Padded batches and explicit positions: ``key_padding_mask`` (..., k_len), True where a key
     exists; ``q_positions`` (..., q_len) and ``k_positions`` (..., k_len), integer positions per
@@ -257,7 +257,7 @@ def alibi_attention(
     plain = (key_padding_mask is None and q_positions is None and k_positions is None and window is None
              and not return_weights and type(dropout_p) in (int, float) and dropout_p == 0)
     key = _plan_key(q, k, v, slopes, causal, scale, impl) if plain else None
-    plan = _known_plan(key)
+    plan = _cached_plan(key)
     if plan is None:
         q, k, v = _as_arrays(q, k, v)
         slopes = check_slopes(slopes)
@@ -272,17 +272,17 @@ def alibi_attention(
         chosen = choose_impl(impl, q, dims, return_weights, per_row is not None, dropout_p > 0, v, causal,
                              window is not None, slopes, grad)
         if chosen == "fused" and impl == "fused":  # asked for by name; "auto" took it where it fits (_fused_takes)
-            from .fused import refusal
+            from .fused import why_not_fused
 
-            why = refusal(q, v, dropout_p, per_row is not None, return_weights, grad)
+            why = why_not_fused(q, v, dropout_p, per_row is not None, return_weights, grad)
             if why is None and window is not None and dims.q_len > dims.k_len:
                 why = "a window can leave the first queries, before the first key, no key at all"
             if why is not None:
                 raise ValueError(f"impl='fused' cannot take this call: {why}; use 'strided', 'sdpa' or 'naive'")
-        keep, holds = _keeping(chosen, impl, q) if key is not None else (False, None)
-        plan = Plan(dims, scale, out_dtype, work, chosen, holds)
-        if keep:
-            _remember(key, plan)
+        may_cache, valid_while = _cache_policy(chosen, impl, q) if key is not None else (False, None)
+        plan = Plan(dims, scale, out_dtype, work, chosen, valid_while)
+        if may_cache:
+            _cache_plan(key, plan)
     else:  # a call like one checked before: only the slopes' values may differ (dropout_p is 0, window None)
         dims, scale, out_dtype, work, chosen, _ = plan
         slopes, dropout_p, per_row = as_like(slopes, q, work), 0.0, None
@@ -315,9 +315,9 @@ def alibi_attention(
         from .strided import strided_alibi_attention
 
         return strided_alibi_attention(q, k, v, slopes, scale, causal, groups, dropout_p=dropout_p, window=window)
-    # torch's kernel reads the bias in q's dtype: kept in it, not cast at every call (naive adds it in float32)
+    # torch's kernel reads the bias in q's dtype: cached in it, not cast at every call (naive adds it in float32)
     dtype = q.dtype if chosen == "sdpa" and is_tensor(q) else None
-    bias = kept(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window, dtype, q.ndim)  # (1.., H, i, j)
+    bias = cached_bias(_plain_bias, slopes, dims.q_len, dims.k_len, causal, window, dtype, q.ndim)  # (1.., H, i, j)
     # a window never hides a query's own position; but with more queries than keys the first queries' positions
     # lie before the first key, and a window can leave them none
     return _with_bias(q, k, v, bias, scale, groups, chosen, return_weights, (out_dtype, work), dropout_p,

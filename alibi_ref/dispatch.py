@@ -3,7 +3,7 @@
 The rule, for torch tensors (JAX arrays: ``_choose_jax``; NumPy and the weights: naive):
 
 - CPU: the fused kernel where it is built and takes the call (``_fused_takes``); else SDPA with the bias for
-  short calls, a bias kept between calls or one cheaper than the strided path's copies; else strided.
+  short calls, a bias cached between calls or one cheaper than the strided path's copies; else strided.
 - CUDA: FlexAttention from FLEX_MIN_KEYS keys and more than FEW_QUERIES queries; else SDPA with the bias
   (padded batches and windows included, until flex's are timed on a GPU).
 
@@ -17,7 +17,7 @@ import math
 from typing import NamedTuple
 
 from ._backend import grad_taken, is_jax, is_tensor
-from .kept import fits, keepable
+from .bias_cache import cacheable, fits_in_cache
 
 IMPLS = ("auto", "naive", "sdpa", "strided", "flex", "fused")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
@@ -25,18 +25,18 @@ FLEX_MIN_KEYS = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
 # path, forward and backward (docs/performance.md, "Training, batches, and two machines", N = 64)
 STRIDED_MIN_KEYS = 128
-# on the CPU, from this many keys the fused kernel beats SDPA with the kept bias forward too; below it, only
+# on the CPU, from this many keys the fused kernel beats SDPA with the cached bias forward too; below it, only
 # where a gradient is taken (docs/performance.md, "The fused CPU kernel")
 FUSED_CPU_MIN_KEYS = 64
 # in bfloat16 (forward only) with its products (brgemm) the kernel packs k and v at every call, which short
-# sequences pay for: from this many keys it beats SDPA with the kept bias (at 128 the two trade places by case; at
+# sequences pay for: from this many keys it beats SDPA with the cached bias (at 128 the two trade places by case; at
 # 64 the bias is faster). Without them (AVX2) it widens blocks to float32 as it reads them, and beat SDPA with the
 # bias at every size measured, decoding steps included (docs/performance.md, "AVX2 without AVX-512")
 FUSED_BF16_MIN_KEYS = 256
-# on the CPU, a bias of up to this many numbers (H i j) that is kept between calls (``alibi_ref.kept``) costs SDPA
-# less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
-# the kept bias)
-KEPT_BIAS_NUMBERS = 1 << 21
+# on the CPU, a bias of up to this many numbers (H i j) that is cached between calls (``alibi_ref.bias_cache``) costs
+# SDPA less to read than the strided path's copies of q and the output, forward and backward (docs/performance.md:
+# the cached bias)
+CACHED_BIAS_NUMBERS = 1 << 21
 # up to this many queries (a decoding step, a few speculative tokens) the bias is a few rows and SDPA with
 # it beats the strided path's fixed costs on the CPU and FlexAttention on CUDA (docs/performance.md: decoding on
 # the CPU; "CUDA": one query against 16384 keys on an H100)
@@ -65,7 +65,7 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     """The path to run. ``positional``: the call has key padding or explicit positions (the strided path takes
     each batch row's plain span, ``alibi_ref.padded``; ``alibi_attention`` says where flex does). ``dropout``:
     attention dropout, which FlexAttention does not do. ``window``: a sliding window. ``slopes``: the call's, to
-    ask whether its (H, i, j) bias would be kept between calls (``bias_is_kept``; asked only where it decides).
+    ask whether its (H, i, j) bias would be cached between calls (``bias_is_cached``; asked only where it decides).
     ``grad``: whether a gradient will be taken through the call (None: asked of q and v)."""
     check_impl(impl, dropout)
     if is_jax(q):
@@ -83,8 +83,8 @@ def choose_impl(impl: str, q, dims: Dims, return_weights: bool, positional: bool
     if q.device.type != "cuda":
         if _fused_takes(q, v, dims, positional, dropout, grad):
             return "fused"
-        bias_kept = slopes is not None and not positional and not window and bias_is_kept(slopes, dims)
-        if dims.k_len < STRIDED_MIN_KEYS or bias_kept:
+        bias_cached = slopes is not None and not positional and not window and bias_is_cached(slopes, dims)
+        if dims.k_len < STRIDED_MIN_KEYS or bias_cached:
             return "sdpa"
         # with padding each batch row has its own bias: no bias shared by the batch to beat strided's copies of q
         cheaper = _bias_is_cheaper(q, dims, causal) if not positional else dims.q_len <= FEW_QUERIES
@@ -109,7 +109,7 @@ def _fused_takes(q, v, dims: Dims, positional: bool, dropout: bool, grad: bool |
     v = q if v is None else v
     if grad is None:
         grad = grad_taken(q, v)
-    if fused.refusal(q, v, float(dropout), positional, grad=grad) is not None or not fused.available():
+    if fused.why_not_fused(q, v, float(dropout), positional, grad=grad) is not None or not fused.available():
         return False
     if q.dtype == fused.torch.bfloat16 and fused.bfloat16_as_float32():
         return True
@@ -125,10 +125,10 @@ def check_impl(impl: str, dropout: bool = False) -> None:
         raise ValueError(f"impl={impl!r} has no attention dropout; use 'sdpa', 'strided' or 'naive'")
 
 
-def bias_is_kept(slopes, dims: Dims) -> bool:
-    """Whether the call's (H, i, j) bias, up to KEPT_BIAS_NUMBERS numbers, would be kept between calls."""
+def bias_is_cached(slopes, dims: Dims) -> bool:
+    """Whether the call's (H, i, j) bias, up to CACHED_BIAS_NUMBERS numbers, would be cached between calls."""
     numbers = dims.n_heads * dims.q_len * dims.k_len
-    return numbers <= KEPT_BIAS_NUMBERS and keepable(slopes) and fits(numbers * slopes.element_size())
+    return numbers <= CACHED_BIAS_NUMBERS and cacheable(slopes) and fits_in_cache(numbers * slopes.element_size())
 
 
 def _bias_is_cheaper(q, dims: Dims, causal: bool) -> bool:
@@ -157,12 +157,12 @@ def _choose_jax(impl: str, q, v, return_weights: bool) -> str:
     if impl in ("strided", "flex"):
         raise ValueError(f"impl={impl!r} is a torch path; JAX arrays take 'sdpa' (jax.nn.dot_product_attention) "
                          "or 'naive'")
-    fits = v.shape[-1] == q.shape[-1] and not return_weights
-    if impl == "sdpa" and not fits:
+    sdpa_can_run = v.shape[-1] == q.shape[-1] and not return_weights
+    if impl == "sdpa" and not sdpa_can_run:
         raise ValueError("impl='sdpa' on JAX arrays needs v's head dimension equal to q's and cannot return the "
                          f"weights (got q {tuple(q.shape)}, v {tuple(v.shape)}); use impl='naive'")
     if impl == "auto":
         import jax.numpy as jnp
 
-        return "sdpa" if fits and jnp.finfo(q.dtype).bits <= 32 else "naive"
+        return "sdpa" if sdpa_can_run and jnp.finfo(q.dtype).bits <= 32 else "naive"
     return impl

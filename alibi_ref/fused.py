@@ -24,7 +24,7 @@ each block of q, k and v widened to float32 as it is read (``Widened`` in the C+
 bfloat16 SDPA's do there). Other dtypes, dropout, padding and positions take the other paths.
 
 Where it runs: ``alibi_attention(..., impl="fused")`` builds the kernel if needed (a compile of some
-seconds, once per machine: the binary is kept under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU
+seconds, once per machine: the binary is cached under ``kernel_dir()``); ``impl="auto"`` takes it on the CPU
 only once it is built, so that no call stops to compile: ``python -m alibi_ref build-kernel`` (``make`` runs
 it) builds it. A machine without a C++ compiler simply goes without: ``available()`` says whether it is
 there, and ALIBI_REF_FUSED=0 in the environment turns it off for "auto".
@@ -55,7 +55,7 @@ BF16_HEAD_MULTIPLE = 16
 
 
 def kernel_dir() -> Path:
-    """Where built kernels are kept: $ALIBI_REF_KERNELS, or ~/.cache/alibi_ref/kernels."""
+    """Where built kernels are cached: $ALIBI_REF_KERNELS, or ~/.cache/alibi_ref/kernels."""
     return Path(os.environ.get("ALIBI_REF_KERNELS") or Path.home() / ".cache" / "alibi_ref" / "kernels")
 
 
@@ -128,14 +128,14 @@ def build(verbose: bool = False):
     return _loaded()
 
 
-def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weights: bool = False,
-            grad: bool = False) -> str | None:
+def why_not_fused(q, v, dropout_p: float = 0.0, positional: bool = False, return_weights: bool = False,
+                  grad: bool = False) -> str | None:
     """Why the kernel cannot take this call, or None where it can (built or not). ``grad``: whether a gradient
     will be taken through it."""
     if not (isinstance(q, torch.Tensor) and q.device.type == "cpu"):
         return "it runs on the CPU, on torch tensors"
     if q.dtype == torch.bfloat16:
-        why = _bfloat16_refusal(q, grad)
+        why = _why_not_bfloat16(q, grad)
         if why is not None:
             return why
     elif q.dtype not in DTYPES:
@@ -153,7 +153,7 @@ def refusal(q, v, dropout_p: float = 0.0, positional: bool = False, return_weigh
     return None
 
 
-def _bfloat16_refusal(q, grad: bool) -> str | None:
+def _why_not_bfloat16(q, grad: bool) -> str | None:
     if grad:
         return "it takes bfloat16 forward only, and this call takes a gradient"
     if q.shape[-1] % BF16_HEAD_MULTIPLE and not bfloat16_as_float32():
@@ -223,7 +223,7 @@ def _unit_stride(x):
 
 @functools.lru_cache(maxsize=64)
 def _same_window(heads: int, left: int, right: int):
-    """(H, 2): every head's (left, right), kept from call to call (the kernel only reads it)."""
+    """(H, 2): every head's (left, right), cached from call to call (the kernel only reads it)."""
     return torch.tensor([[left, right]] * heads, dtype=torch.int64)
 
 

@@ -43,10 +43,10 @@ def plain_span(q_positions, k_positions, key_padding_mask) -> Span | None:
     if key_padding_mask is None:
         s, e = 0, k_positions.shape[0]
     else:
-        kept = key_padding_mask.nonzero().flatten()
-        if kept.numel() == 0 or int(kept[-1]) + 1 - int(kept[0]) != kept.numel():
+        present = key_padding_mask.nonzero().flatten()
+        if present.numel() == 0 or int(present[-1]) + 1 - int(present[0]) != present.numel():
             return None  # no key, or a gap among the keys
-        s, e = int(kept[0]), int(kept[-1]) + 1
+        s, e = int(present[0]), int(present[-1]) + 1
     if not bool((k_positions[s + 1:e] - k_positions[s:e - 1] == 1).all()):
         return None
     last = k_positions[e - 1]

@@ -46,7 +46,7 @@ again, a view of the reversed row:
 -inf for t < q_len - 1 under the causal mask (``reversed_keys_row``). Reversing k and v costs two
 copies in all; the queries, the output and the log-sum-exp then stay in query order, and each
 kernel call reads and writes slices of them, with no copy of its own. Where the queries are few
-beside the keys (a decoding step against a KV cache, ``keys_reversed_pays``) each call's queries
+beside the keys (a decoding step against a KV cache, ``reversing_keys_is_cheaper``) each call's queries
 are reversed instead, and its output and log-sum-exp back: copies of a few rows, not of the cache.
 Each block of ``SPLIT_ROWS`` queries (reversed rows r0 .. r1 - 1 in ``split_calls``, which counts
 from the last query) is cut into the keys all its rows see, j < k_len - r1, a rectangle with no
@@ -95,7 +95,7 @@ import torch
 
 from ._backend import grad_taken, over_flat_batch, repeat_heads
 from .bias import bias_from_distances
-from .kept import kept
+from .bias_cache import cached_bias
 from .reach import WINDOW_ROWS, reach_windows
 
 # scores held at once while the slopes' gradient is recomputed: 16 MiB of float32 per tensor
@@ -104,7 +104,7 @@ SCORES_PER_BLOCK = 1 << 22
 # per band call (``split_calls``)
 SPLIT_ROWS, BAND_ROWS = 768, 128
 # below this many logits (B H i j) a causal call runs as one kernel call, its -inf triangle computed for nothing:
-# the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_pays``)
+# the fixed costs of more calls (Python, copies, the kernel's setup) outweigh the triangle (``one_call_is_cheaper``)
 ONE_CALL_LOGITS = 1 << 21
 
 
@@ -122,7 +122,7 @@ def causal_block(q_len: int, n_keys: int) -> int:
     return min(256, max(64, q_len // 4))
 
 
-def one_call_pays(q, k) -> bool:
+def one_call_is_cheaper(q, k) -> bool:
     """Whether a causal call is small enough to run as one kernel call (``ONE_CALL_LOGITS``; figures:
     docs/performance.md)."""
     return q.shape[:-1].numel() * k.shape[-2] <= ONE_CALL_LOGITS  # (B H i) j
@@ -135,7 +135,7 @@ def bias_row(slopes, q_len: int, k_len: int, causal: bool, window=None):
     return bias_from_distances(slopes, (k_len - 1) - t, causal, window)  # (H, t)
 
 
-def limiting(window, q_len: int, k_len: int, causal: bool):
+def effective_window(window, q_len: int, k_len: int, causal: bool):
     """``window`` (left, right), or None where it hides no key from any query at these lengths: the distances
     i' - j run from -(q_len - 1) to k_len - 1, and a causal mask already hides the keys ahead."""
     left, right = window or (None, None)
@@ -216,7 +216,7 @@ def strided_alibi_attention(q, k, v, slopes, scale: float, causal: bool, groups:
     ``check_window``, with q_len <= k_len (so that every query sees a key, its own position): blocks of
     ``WINDOW_ROWS`` reversed rows, each shown only the keys its rows' windows reach (``keys_seen``).
     """
-    window = limiting(window, q.shape[-2], k.shape[-2], causal)
+    window = effective_window(window, q.shape[-2], k.shape[-2], causal)
     if window is not None and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"impl='strided' takes a window with q_len <= k_len only (got {q.shape[-2]} queries against "
                          f"{k.shape[-2]} keys: the first queries could see no key); use 'sdpa' or 'naive'")
@@ -240,7 +240,7 @@ def _by_reach(q, k, v, slopes, scale: float, causal: bool, groups: int, block: i
         while windows[u] is None and end < len(windows) and windows[end] is None:
             end += 1
         heads, kv = slice(u * groups, end * groups), slice(u, end)  # query heads of KV heads u .. end - 1
-        seen = window if windows[u] is None else limiting(windows[u], q_len, k_len, causal)
+        seen = window if windows[u] is None else effective_window(windows[u], q_len, k_len, causal)
         outs.append(_attention(q[:, heads], k[:, kv], v[:, kv], slopes[heads], scale, causal, groups, block, 0.0,
                                seen))  # (B, (end - u) groups, i, d_v)
         u = end
@@ -255,7 +255,7 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
     if window is not None:
         block = block or WINDOW_ROWS  # the one-call forms below would show every row all the keys
     if block is None and last_row_fits(q, v, slopes, causal, dropout_p):
-        last = kept(bias_row, slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
+        last = cached_bias(bias_row, slopes, 1, k_len, False)  # (H, j): -m (k_len - 1 - j), the last query's row
         every_query = last.as_strided((1, last.shape[0], q_len, k_len), (0, k_len, 0, 1))  # (1, H, i, j)
         try:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=every_query, is_causal=True, scale=scale,
@@ -265,15 +265,15 @@ def _attention(q, k, v, slopes, scale: float, causal: bool, groups: int, block: 
             # to its math path, which refuses a mask with is_causal: the blocks below do it instead
             if "is_causal" not in str(refused):
                 raise
-    if causal and block is None and one_call_pays(q, k):
+    if causal and block is None and one_call_is_cheaper(q, k):
         block = q_len
     through_kernels = split_fits(q, v, dropout_p)
     if causal and block is None and through_kernels:
         calls = split_calls(q_len, k_len)
-        keys_reversed = keys_reversed_pays(calls, k_len)
-        row = kept(reversed_keys_row if keys_reversed else bias_row, slopes, q_len, k_len, True)  # (H, t)
+        keys_reversed = reversing_keys_is_cheaper(calls, k_len)
+        row = cached_bias(reversed_keys_row if keys_reversed else bias_row, slopes, q_len, k_len, True)  # (H, t)
         return _split(q, k, v, row, scale, groups, calls, keys_reversed)
-    row = kept(bias_row, slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
+    row = cached_bias(bias_row, slopes, q_len, k_len, causal, window)  # (H, t), in >= float32
     if window is not None and through_kernels:
         # the blocks below, each row in one call, through the split's kernels: its backward adds each call's dk, dv
         # into one buffer, where autograd's backward of a slice zero-fills a whole k (and v) per call
@@ -356,7 +356,7 @@ class CausalSplit(torch.autograd.Function):
     ``keys_reversed`` k and v are reversed once and ``row`` comes from ``reversed_keys_row``; else each
     call's queries are reversed as it runs, its output and log-sum-exp back after it, and ``row`` comes
     from ``bias_row`` (cheaper where the queries are few beside the keys, as in a decoding step against a
-    KV cache: ``keys_reversed_pays``).
+    KV cache: ``reversing_keys_is_cheaper``).
     Returns (B, H, i, d) in q's dtype; the merge is done in at least float32.
     """
 
@@ -428,7 +428,7 @@ class CausalSplit(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def keys_reversed_pays(calls: list[tuple[range, range]], k_len: int) -> bool:
+def reversing_keys_is_cheaper(calls: list[tuple[range, range]], k_len: int) -> bool:
     """Whether the causal split should reverse the keys and values (copies of k_len rows, two each pass, held
     for the whole call) rather than each call's queries and output (copies of the call's rows, two each,
     held for one call): where the calls' rows add up to more than the keys (rows in a rectangle and a band)."""

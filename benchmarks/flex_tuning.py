@@ -46,7 +46,7 @@ VARIANTS = {
                   None, True),
     "sdpa_positions": ("the same on alibi_attention(impl='sdpa'), which builds the (B, H, i, j) bias", None, True),
     "flex_reach": ("the library's score_mod and a block mask per head that skips the tiles beyond each head's reach "
-                   "(alibi_ref.reach; read from q and k at each call, the mask kept per reach)", None, False),
+                   "(alibi_ref.reach; read from q and k at each call, the mask cached per reach)", None, False),
     "key_term_only": ("causal: + m j, the query's term -m i' dropped (softmax is shift-invariant per row)",
                       True, False),
     "rows_safe": ("kernel_options ROWS_GUARANTEED_SAFE (every query keeps a key); causal: BLOCKS_ARE_CONTIGUOUS",
@@ -85,7 +85,7 @@ def key_term_only(slopes):
 def reach_block_mask(slopes, causal: bool):
     """A function (q, k) -> FlexAttention block mask hiding the keys beyond each head's reach (``alibi_ref.reach``:
     they hold under eps / 8 of any row's weight) and, causal, the keys ahead. The reach is read from q and k at
-    each call (a device sync, counted in the time), rounded up to 128 keys, and a mask kept per rounded reach,
+    each call (a device sync, counted in the time), rounded up to 128 keys, and a mask cached per rounded reach,
     built from the tiles' corners as the library's causal mask (``flex._band_block_mask``)."""
     from alibi_ref.flex import _band_block_mask
     from alibi_ref.reach import head_reach

@@ -126,7 +126,7 @@ def test_the_split_causal_form_equals_naive_in_float64(problem, split_rows, band
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(strided, "SPLIT_ROWS", split_rows)
         patch.setattr(strided, "BAND_ROWS", band_rows)
-        patch.setattr(strided, "keys_reversed_pays", lambda calls, k_len: keys_reversed)
+        patch.setattr(strided, "reversing_keys_is_cheaper", lambda calls, k_len: keys_reversed)
         patch.setattr(strided, "ONE_CALL_LOGITS", 0)
         empty_like = torch.empty_like
         patch.setattr(torch, "empty_like", lambda *args, **kwargs: empty_like(*args, **kwargs).fill_(float("nan")))
@@ -147,7 +147,7 @@ def test_the_split_causal_form_passes_gradcheck(monkeypatch, kernel_calls, split
     reversed or the queries."""
     monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
     monkeypatch.setattr(strided, "BAND_ROWS", 3)
-    monkeypatch.setattr(strided, "keys_reversed_pays", lambda calls, k_len: keys_reversed)
+    monkeypatch.setattr(strided, "reversing_keys_is_cheaper", lambda calls, k_len: keys_reversed)
     gen = torch.Generator().manual_seed(8)
     q = torch.randn(2, 4, q_len, 5, generator=gen, dtype=torch.float64)  # 4 query heads on 2 KV heads
     k, v = torch.randn(2, 2, 2, k_len, 5, generator=gen, dtype=torch.float64)
@@ -163,7 +163,7 @@ def test_the_split_reverses_the_keys_only_where_that_copies_less():
     """Reversing k and v copies k_len rows twice; reversing each call's queries and output copies its rows twice.
     So the keys where rows are in two calls (a rectangle and a band); never the cache of a decoding step."""
     def pays(q_len, k_len):
-        return strided.keys_reversed_pays(strided.split_calls(q_len, k_len), k_len)
+        return strided.reversing_keys_is_cheaper(strided.split_calls(q_len, k_len), k_len)
 
     assert pays(1024, 1024) and pays(4096, 4096)
     assert not pays(256, 256)  # bands only: each row in one call, copies of 64 rows at a time
@@ -213,8 +213,8 @@ def test_a_small_causal_call_runs_as_one_kernel_call_and_a_larger_one_split(monk
 @pytest.mark.parametrize(("dtype", "causal"), [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
 def test_the_cpu_default_compiles_with_torch_compile(split_always, dtype, causal):
     """torch.compile of a model on the CPU goes through the strided path as one graph (causal 16-bit inputs
-    take the split there: the one-call form's bound reads the slopes' values; and no bias is kept between
-    calls, which would read them too, so this size takes strided where eager mode would take the kept bias).
+    take the split there: the one-call form's bound reads the slopes' values; and no bias is cached between
+    calls, which would read them too, so this size takes strided where eager mode would take the cached bias).
     float32: output and gradients as eager mode's strided path; bfloat16 (another path, other roundings):
     within the bounds the 16-bit test states against float64, 2e-2 on the output and 4e-2 on the gradients."""
     gen = torch.Generator().manual_seed(10)

@@ -419,10 +419,10 @@ def test_a_window_block_is_shown_exactly_the_keys_its_rows_see(q_len, more_keys,
     """``keys_seen`` is tight: the range runs from the first key some row of the block sees to the last, so a
     narrow window costs its width, not the call's length."""
     from alibi_ref.bias import relative_positions
-    from alibi_ref.strided import keys_seen, limiting
+    from alibi_ref.strided import effective_window, keys_seen
 
     k_len = q_len + more_keys
-    window = limiting((left, right), q_len, k_len, causal)
+    window = effective_window((left, right), q_len, k_len, causal)
     start = data.draw(st.integers(0, q_len - 1))
     rows = range(start, min(q_len, start + size))  # reversed rows r: queries i = q_len - 1 - r
     bias = alibi_bias(np.ones(1), q_len, k_len, causal=causal, window=window)[0]  # (i, j)

@@ -1,4 +1,4 @@
-"""alibi_attention keeps a torch call's plan (what its checks found and the path it took) for the next call like it
+"""alibi_attention caches a torch call's plan (what its checks found and the path it took) for the next call like it
 (``alibi_ref.attention._PLANS``), so that a model calling with the same shapes again skips the checks. A call that
 differs in anything the plan follows from is checked again: these tests make the second call differ in one thing
 each, and would pass it a plan that is wrong for it if the key left that thing out."""
@@ -17,8 +17,8 @@ def problem(q_len=6, k_len=4, d=8, heads=4, dtype=torch.float64, seed=0, device=
     return q, k, v, torch.tensor(get_slopes(heads), dtype=torch.float32, device=device)
 
 
-def kept(q, k, v, slopes, causal=False, scale=None, impl="auto") -> bool:
-    """Whether the plan of this call is kept: the test's first call must have left one for its second to meet."""
+def plan_cached(q, k, v, slopes, causal=False, scale=None, impl="auto") -> bool:
+    """Whether the plan of this call is cached: the test's first call must have left one for its second to meet."""
     return attention._PLANS.get(attention._plan_key(q, k, v, slopes, causal, scale, impl)) is not None
 
 
@@ -38,7 +38,7 @@ CHANGES = {
 def test_a_call_that_differs_from_one_seen_before_is_checked_again(impl, change, device):
     q, k, v, slopes = problem(device=device)
     alibi_attention(q, k, v, slopes, impl=impl)
-    assert kept(q, k, v, slopes, impl=impl)
+    assert plan_cached(q, k, v, slopes, impl=impl)
     second, message = CHANGES[change]
     *inputs, kwargs = second(q, k, v, slopes)
     with pytest.raises(ValueError, match=message):
@@ -47,7 +47,7 @@ def test_a_call_that_differs_from_one_seen_before_is_checked_again(impl, change,
 
 def test_calls_of_one_shape_each_get_their_own_causal_scale_and_slopes(device):
     """Same shapes, on "auto"'s path for them (the fused kernel where it is built; sdpa on CUDA): each call equals
-    the naive path, the specification, on its own arguments; a plan that kept the first call's scale, or its causal
+    the naive path, the specification, on its own arguments; a plan cached with the first call's scale, or its causal
     mask, would give the later calls the first one's answer."""
     q, k, v, slopes = problem(q_len=96, k_len=96, d=16, device=device)
     calls = [{}, {"causal": True}, {"scale": 0.3}, {"causal": True, "scale": 0.3}, {"slopes": slopes * 3}, {}]
@@ -57,18 +57,18 @@ def test_calls_of_one_shape_each_get_their_own_causal_scale_and_slopes(device):
                               else call["scale"])
         bias = alibi_bias(call["slopes"].double(), 96, 96, causal=call["causal"])  # the specification, no plan
         torch.testing.assert_close(out, naive_attention(q, k, v, bias, call["scale"])[0], rtol=1e-9, atol=1e-12)
-    # kept: the fused plan, and CUDA's; not the CPU's choice between sdpa and strided
-    assert kept(q, k, v, slopes) == (device.type == "cuda" or fused.available())
+    # cached: the fused plan, and CUDA's; not the CPU's choice between sdpa and strided
+    assert plan_cached(q, k, v, slopes) == (device.type == "cuda" or fused.available())
 
 
 @pytest.mark.skipif(not fused.available(), reason="the fused kernel is not built here")
 def test_a_call_that_takes_a_gradient_after_one_that_took_none_gets_a_backward_pass():
-    """bfloat16 takes the fused kernel forward only: a plan kept from a call without a gradient would send the
+    """bfloat16 takes the fused kernel forward only: a plan cached from a call without a gradient would send the
     call with one to a kernel that has no bfloat16 backward."""
     q, k, v, slopes = problem(q_len=256, k_len=256, d=64, dtype=torch.bfloat16)
     alibi_attention(q, k, v, slopes)
-    assert kept(q, k, v, slopes) and attention._PLANS[attention._plan_key(q, k, v, slopes, False, None, "auto")] \
-        .chosen == "fused"
+    key = attention._plan_key(q, k, v, slopes, False, None, "auto")
+    assert plan_cached(q, k, v, slopes) and attention._PLANS[key].chosen == "fused"
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     out = alibi_attention(*leaves, slopes)
     out.float().sum().backward()
@@ -79,13 +79,13 @@ def test_a_call_that_takes_a_gradient_after_one_that_took_none_gets_a_backward_p
 
 
 @pytest.mark.skipif(not fused.available(), reason="the fused kernel is not built here")
-def test_alibi_ref_fused_0_turns_off_a_kept_fused_plan(monkeypatch):
+def test_alibi_ref_fused_0_turns_off_a_cached_fused_plan(monkeypatch):
     q, k, v, slopes = problem(q_len=96, k_len=96, d=16)
     calls = []
     kernel_path = fused.fused_alibi_attention
     monkeypatch.setattr(fused, "fused_alibi_attention", lambda *args: calls.append(args) or kernel_path(*args))
     alibi_attention(q, k, v, slopes)
-    assert len(calls) == 1 and kept(q, k, v, slopes)
+    assert len(calls) == 1 and plan_cached(q, k, v, slopes)
     monkeypatch.setenv("ALIBI_REF_FUSED", "0")
     out = alibi_attention(q, k, v, slopes)
     assert len(calls) == 1  # the second call went elsewhere
@@ -93,10 +93,10 @@ def test_alibi_ref_fused_0_turns_off_a_kept_fused_plan(monkeypatch):
     torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
 
 
-def test_shapes_that_keep_changing_keep_at_most_plans_kept_plans():
+def test_shapes_that_keep_changing_cache_at_most_plan_cache_size_plans():
     """A KV cache that grows by one key a step is a new shape at every step."""
-    q, k, v, slopes = problem(q_len=1, k_len=attention.PLANS_KEPT + 20, d=4)
-    for k_len in range(1, attention.PLANS_KEPT + 20):
+    q, k, v, slopes = problem(q_len=1, k_len=attention.PLAN_CACHE_SIZE + 20, d=4)
+    for k_len in range(1, attention.PLAN_CACHE_SIZE + 20):
         alibi_attention(q, k[..., :k_len, :], v[..., :k_len, :], slopes, impl="naive")
-        assert len(attention._PLANS) <= attention.PLANS_KEPT
-    assert kept(q, k[..., :k_len, :], v[..., :k_len, :], slopes, impl="naive")
+        assert len(attention._PLANS) <= attention.PLAN_CACHE_SIZE
+    assert plan_cached(q, k[..., :k_len, :], v[..., :k_len, :], slopes, impl="naive")

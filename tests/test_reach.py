@@ -85,8 +85,8 @@ def test_strided_leaving_out_keys_beyond_each_heads_reach_equals_naive(reach_fro
     windows = reach_windows(q, k, slopes, 1 / math.sqrt(d), causal, groups, window)
     assert windows is not None and windows[0] is not None and windows[-1] is None, windows  # the reach is taken
     out = alibi_attention(q, k, v, slopes, causal=causal, impl="strided", window=window)
-    assert seen == [strided.limiting(w or window, n, n, causal) for w in windows if w is not None] + [
-        strided.limiting(window, n, n, causal)]  # each narrowed head alone, the last heads together
+    assert seen == [strided.effective_window(w or window, n, n, causal) for w in windows if w is not None] + [
+        strided.effective_window(window, n, n, causal)]  # each narrowed head alone, the last heads together
     expected = alibi_attention(q, k, v, slopes, causal=causal, impl="naive", window=window)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     grad = torch.randn_like(out)

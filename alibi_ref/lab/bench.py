@@ -106,8 +106,8 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     """
     import torch
 
+    from .. import bias_cache
     from ..denormals import flush_denormals
-    from ..kept import forget
     from ..slopes import get_slopes
 
     if not keep_denormals:
@@ -127,7 +127,7 @@ def measure(path: str, n: int, causal: bool, heads: int, head_dim: int, device: 
     for f in (fn, plain) if plain else (fn,):
         seconds(f)  # warm-up (and compilation)
     if not against_plain:
-        forget()  # a bias kept between calls (alibi_ref.kept) is the path's memory too: built again in the block
+        bias_cache.clear()  # a bias cached between calls (alibi_ref.bias_cache) is the path's memory too: built again
     with contextlib.nullcontext() if against_plain else _PeakMemory(dev) as memory:
         times, plain_times = [], []
         for _ in range(repeat):
