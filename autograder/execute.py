@@ -147,7 +147,7 @@ class SandboxedExecute(Execute):
             if lent or not folder.is_dir():
                 folder = grading.write_view(Path(tmp), helpers, lent)
             again = SandboxedExecute(parent=self.parent, config=self.config)
-            again.fork_kernels = False
+            again.fork_kernels = not lent  # a view lent answers serves one run: a zygote would outlast it
             again.forced_view = (key, str(folder))
             ran, _ = again.preprocess(copy.deepcopy(nb), copy.deepcopy(resources))
         return ran
@@ -165,9 +165,7 @@ class SandboxedExecute(Execute):
         self._policy = SandboxPolicy(memory_bytes=self.memory_limit, use_bwrap=self.use_bwrap,
                                      tmp_bytes=self.tmp_limit, file_bytes=self.file_limit,
                                      disk_bytes=self.disk_limit, disk_files=self.disk_files, **course)
-        # the zygote serves one view, the bare one: a notebook whose most checks see helpers gets a sandbox of its own
-        bare = key is None or key == importlib.import_module(self.checks_module).BARE
-        self._zygote = self._student_zygote(resources) if bare and self.forced_view is None else None
+        self._zygote = self._student_zygote(resources, key)
         self._scratch = self._zygote.scratch() if self._zygote else new_scratch("kernel")
         for data in folder.iterdir() if folder.is_dir() else ():
             if data.is_file() and data.suffix != ".ipynb":
@@ -211,15 +209,16 @@ class SandboxedExecute(Execute):
                 unrun, resources_then, helpers, lent)
         return self.nb, self.resources
 
-    def _student_zygote(self, resources):
-        """The zygote of this student's job, or None: then the notebook gets a sandbox and kernel of its own."""
+    def _student_zygote(self, resources, view):
+        """The zygote of this student's job for ``view`` (its notebooks and runs in one view share a sandbox), or
+        None: then the notebook gets a sandbox and kernel of its own."""
         if not self.fork_kernels:
             return None
         from .zygote import ZygoteError, zygote_for
 
         ids = resources.get("nbgrader", {})
         try:
-            return zygote_for((ids.get("student"), ids.get("assignment")), self._policy, list(self.preload))
+            return zygote_for((ids.get("student"), ids.get("assignment"), view), self._policy, list(self.preload))
         except ZygoteError as err:
             self.log.warning("%s; this notebook gets a kernel of its own", err)
             return None

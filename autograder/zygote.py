@@ -1,4 +1,4 @@
-"""One sandbox per student, and a kernel zygote in it: heavy imports paid once per student, not per notebook.
+"""One sandbox per student and view, and a kernel zygote in it: heavy imports paid once, not per notebook.
 
 Starting a kernel costs about 0.5 s, and the notebooks' first cells import numpy, torch and
 matplotlib (about 1.5 s more): every notebook paid both. Now each student's job starts one
@@ -10,7 +10,9 @@ input and output, pipes that no kernel holds (a fork closes them before it runs 
 the sandbox can ask it for a process, and it is not dumpable, so a kernel of the same user cannot
 trace it or reach its descriptors through /proc. What changes against a sandbox per notebook: a process one of the
 student's notebooks leaves running lives until the student's last notebook is graded (then the
-sandbox ends and takes it along), where before it ended with its notebook. Every other
+sandbox ends and takes it along), where before it ended with its notebook. The notebooks (and second runs,
+``execute.SandboxedExecute.run_again``) that see one view of the course's reference (``view.py``) share its
+zygote; a run lent the reference's upstream answers gets a sandbox of its own. Every other
 guarantee (no network, nothing of the course or other students visible, the memory cap per
 kernel, the time limits) holds as before.
 
@@ -165,12 +167,13 @@ class ZygoteProcess:
         self.send_signal(signal.SIGTERM)
 
 
-# one zygote per student's assignment being graded in this process
+# one zygote per student's assignment being graded in this process, and view of the course's reference it binds
 _ZYGOTES: dict[tuple, Zygote] = {}
 
 
 def zygote_for(key: tuple, policy: SandboxPolicy, preload: list[str]) -> Zygote:
-    """The zygote of this student's job, started (or restarted, if a notebook killed it) as needed."""
+    """The zygote for ``key`` (student, assignment, view), started (or restarted, if a notebook killed it) as
+    needed."""
     current = _ZYGOTES.get(key)
     if current is not None and current.alive:
         return current
@@ -180,9 +183,8 @@ def zygote_for(key: tuple, policy: SandboxPolicy, preload: list[str]) -> Zygote:
     return _ZYGOTES[key]
 
 
-def close_zygote(key: tuple) -> None:
-    """End this student's sandbox, at the end of their job (other jobs' zygotes, in other threads of a
-    Dask worker, stay)."""
-    zygote = _ZYGOTES.pop(key, None)
-    if zygote is not None:
-        zygote.close()
+def close_zygote(job: tuple) -> None:
+    """End this student's sandboxes (every key that starts with ``job``: student, assignment), at the end of their
+    job (other jobs' zygotes, in other threads of a Dask worker, stay)."""
+    for key in [key for key in _ZYGOTES if key[:len(job)] == job]:
+        _ZYGOTES.pop(key).close()
