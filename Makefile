@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 # the students of the sample class that show every status and the classic mistakes: full marks, four classic
 # mistakes, a crash, a loop past its time limit, an unreadable zip, a flagged answer (`make test` grades all of them)
-DEMO_STUDENTS := ada cy dee eve fay gus hal jay lou vic
+DEMO_STUDENTS := ada cy dee eve fay gus hal ivy lou vic
 
 # the main job: regenerate the student release, then grade those students end to end
 demo: $(STAMP) $(SYSTEM) $(KERNEL)

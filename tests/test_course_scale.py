@@ -228,10 +228,10 @@ def _without_retry_notes(rows: list[dict]) -> list[dict]:
     return [{**row, "reason": LIMITS.sub("(limits: ...)", RETRY_NOTE.sub("", row["reason"]))} for row in rows]
 
 
-# graded, crashed, timed out (the loop that swallows the interrupt), unreadable in a zip, a module handed in beside
-# the notebook, flagged (an answer that imports the reference), rescue runs and a notebook run in two views, test
-# cells deleted, grading metadata lost, and a JAX notebook
-DASK_STUDENTS = ("sam", "hal", "jay", "lou", "ora", "vic", "tia", "uma")
+# graded, crashed, timed out (a loop interrupted at the cell's limit: the cheapest timeout, graded again on the
+# worker), unreadable in a zip, a module handed in beside the notebook, flagged (an answer that imports the
+# reference), rescue runs and a notebook run in two views, test cells deleted, grading metadata lost, a JAX notebook
+DASK_STUDENTS = ("sam", "hal", "ivy", "lou", "ora", "vic", "tia", "uma")
 
 
 @needs_bwrap
