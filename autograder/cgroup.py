@@ -5,7 +5,9 @@ their sum. A cgroup bounds the sum: memory (``memory.max`` in cgroup v2, ``memor
 in v1; tmpfs pages count) and tasks (``pids.max``, threads included). The grader makes one below
 its own cgroup where it may (root, or a delegated v2 subtree with both controllers enabled), and the
 sandbox's first process joins it before anything of the student's runs; where it may not, the sandbox
-keeps the per-process caps and its user's RLIMIT_NPROC (``sandbox.py``), and ``describe`` says so.
+keeps the per-process caps and its user's RLIMIT_NPROC (``sandbox.py``), and ``describe`` says so (a warning
+when grading starts). The same cgroup measures how far a sandbox's memory rises while a test cell runs
+(``MemoryMeter``), for checks that bound an answer's memory.
 """
 
 from __future__ import annotations
@@ -105,6 +107,17 @@ class SandboxCgroup:
             return None
         return cls(made)
 
+    def memory_meter(self) -> MemoryMeter | None:
+        """A meter of how far the memory of the sandbox's processes together rises from now on, or None where the
+        cgroup cannot restart its peak (none bounds memory; cgroup v2 before Linux 6.12)."""
+        for folder in self.folders:
+            if (folder / "memory.max_usage_in_bytes").exists() or (folder / "memory.peak").exists():
+                try:
+                    return MemoryMeter(folder)
+                except OSError:
+                    return None
+        return None
+
     def join_prefix(self) -> list[str]:
         """A command that puts itself in the cgroup(s), then becomes the rest of the command line."""
         joins = "; ".join(f"echo $$ > {shlex.quote(str(f / 'cgroup.procs'))} || exit 125" for f in self.folders)
@@ -132,12 +145,45 @@ class SandboxCgroup:
                     time.sleep(0.02)
 
 
-def describe() -> str:
-    """What bounds a sandbox's processes together on this machine, in a sentence."""
+class MemoryMeter:
+    """How far a cgroup's memory (its processes', tmpfs pages included) rose above what it was at the start: the
+    kernel's own accounting, read from outside the sandbox, which nothing inside can stop or change. cgroup v1
+    restarts ``memory.max_usage_in_bytes`` at the current usage on a write; v2 restarts ``memory.peak`` for the
+    descriptor that writes to it."""
+
+    def __init__(self, folder: Path):
+        self.v1 = (folder / "memory.max_usage_in_bytes").exists()
+        self.start = int((folder / ("memory.usage_in_bytes" if self.v1 else "memory.current")).read_text())
+        self._peak = os.open(folder / ("memory.max_usage_in_bytes" if self.v1 else "memory.peak"), os.O_RDWR)
+        try:
+            os.write(self._peak, b"0\n" if self.v1 else b"reset\n")
+        except OSError:
+            os.close(self._peak)
+            raise
+
+    def rise(self) -> int:
+        """Bytes the peak since the start lies above the usage then; the meter closes."""
+        try:
+            return max(0, int(os.pread(self._peak, 64, 0)) - self.start)
+        finally:
+            os.close(self._peak)
+
+
+def describe() -> tuple[str, bool]:
+    """What bounds a sandbox's processes together on this machine, in a sentence, and whether it is all of it: a
+    cgroup that bounds their memory and number and measures how far their memory rises."""
     probe = SandboxCgroup.create(2**30, 64)
     if probe is None:
         return ("no cgroup this grader may make: each process's memory is capped (RLIMIT_AS) and the sandbox's "
-                "user has an RLIMIT_NPROC, but not the memory of all its processes together")
+                "user has an RLIMIT_NPROC, but not the memory of all its processes together; a check that bounds an "
+                "answer's memory reads what the kernel says"), False
     kind = "v2" if _v2_mount() is not None and len(probe.folders) == 1 else "v1"
+    meter = probe.memory_meter()
+    if meter is not None:
+        meter.rise()
     probe.close()
-    return f"a cgroup ({kind}) per sandbox bounds the memory of all its processes together and their number"
+    measured = ("and how far it rises while a test cell runs is measured for checks that bound an answer's memory"
+                if meter is not None else "but it cannot restart its peak here, so a check that bounds an answer's "
+                "memory reads what the kernel says")
+    return (f"a cgroup ({kind}) per sandbox bounds the memory of all its processes together and their number, "
+            f"{measured}"), meter is not None

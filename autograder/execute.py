@@ -44,7 +44,7 @@ from .screen import (
     run_scripts,
     screen_notebook,
 )
-from .verdicts import check_calls
+from .verdicts import PEAK_RISE, check_calls
 from .verdicts import error_output as _error
 
 
@@ -223,6 +223,22 @@ class SandboxedExecute(Execute):
             self.log.warning("%s; this notebook gets a kernel of its own", err)
             return None
 
+    def _run_measured(self, cell, resources, index) -> None:
+        """Run one cell; a test cell with how far its sandbox's memory rose while it ran (``PEAK_RISE``), measured
+        outside the kernel, for checks that bound an answer's memory to read in place of what the kernel says."""
+        test_cell = (self.checks_module and cell.cell_type == "code"
+                     and cell.metadata.get("nbgrader", {}).get("grade"))
+        cgroup = self._sandboxed.sandbox_cgroup if test_cell and self._sandboxed is not None else None
+        meter = cgroup.memory_meter() if cgroup is not None else None
+        try:
+            self.preprocess_cell(cell, resources, index)
+        finally:
+            if meter is not None:
+                try:
+                    cell.metadata[PEAK_RISE] = meter.rise()
+                except OSError:  # the sandbox ended with the cell (a killed kernel of its own)
+                    pass
+
     def _run_cells(self, resources, deadline):
         per_cell = self.timeout
         index = 0
@@ -236,7 +252,7 @@ class SandboxedExecute(Execute):
                     if remaining <= 0:
                         raise NotebookTimeout
                     self.timeout = max(1, min(per_cell, int(remaining)))
-                    self.preprocess_cell(cell, resources, index)
+                    self._run_measured(cell, resources, index)
                     if self._exit_asked:
                         raise KernelExited
                     # its folder's bounds, after each cell as well: nbclient asks about once a second while a cell

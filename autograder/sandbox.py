@@ -51,7 +51,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Instance
 
-from .cgroup import SandboxCgroup
+from .cgroup import SandboxCgroup, describe
 from .screen import MODULES
 
 # what a kernel needs from the system, read-only; /etc only in part (no shadow, no keys)
@@ -202,6 +202,10 @@ def warn_if_unsandboxed(policy: SandboxPolicy) -> None:
         warnings.warn(f"NO SANDBOX: {problem}. Student kernels will run with the grader's rights, limited only "
                       "by a private working folder, a memory limit and a time limit. Grade only code you trust.",
                       stacklevel=2)
+    else:
+        sentence, complete = describe()
+        if not complete:
+            warnings.warn(f"sandboxes without a full cgroup: {sentence}", stacklevel=2)
 
 
 def _python_roots() -> list[str]:
@@ -341,6 +345,11 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     uid = None  # the sandbox's user (``sandbox_user``), its cgroup: a kernel of its own makes its own
     cgroup = None
+
+    @property
+    def sandbox_cgroup(self) -> SandboxCgroup | None:
+        """The cgroup the kernel runs in: its zygote's, or its own."""
+        return self.zygote.cgroup if self.zygote is not None else self.cgroup
 
     def format_kernel_cmd(self, extra_arguments=None):
         if self.zygote is None and self.uid is None:

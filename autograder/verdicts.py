@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 from pathlib import Path
 
 from nbformat import NotebookNode
@@ -33,6 +34,9 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
 from . import outcomes
+
+# a test cell's metadata while it is judged: bytes its sandbox's memory rose while it ran (``execute``'s meter)
+PEAK_RISE = "autograder_peak_rise"
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
@@ -116,12 +120,16 @@ class JudgeChecks(NbGraderPreprocessor):
         runs = {seen: nb}  # view key -> the notebook as run in that view
         for key in sorted(set(views.values()) - {seen}):
             runs[key] = run_again(checks.helpers_in(key))
+        # measured outside the kernel, read in place of what it says where the course's judge takes it
+        rises = {(key, i): run.cells[i].metadata.pop(PEAK_RISE, None) for key, run in runs.items() for i in graded}
+        measures = "peak_rise" in inspect.signature(checks.judge).parameters
         verdicts = {}
         for i, calls in graded.items():
             for call in calls:
                 ran = runs[views.get(call, seen)].cells[i]
+                rise = rises[views.get(call, seen), i] if measures else None
                 verdicts[i, call] = self._verdict(*call, self._payloads(ran, checks), checks,
-                                                  not _errors(ran.get("outputs", [])), self._secret)
+                                                  not _errors(ran.get("outputs", [])), self._secret, peak_rise=rise)
         if run_again:
             self._rescue(nb, checks, graded, views, verdicts, run_again)
         for cell in nb.cells:  # the values handed back go, checked test cell or not
@@ -150,6 +158,8 @@ class JudgeChecks(NbGraderPreprocessor):
                 wanted.setdefault((views.get(call), lent), []).append((i, call))
         for (key, lent), calls in sorted(wanted.items()):
             rescued = run_again(checks.helpers_in(key), lent)
+            for cell in rescued.cells:
+                cell.metadata.pop(PEAK_RISE, None)
             for i, call in calls:
                 verdict = self._verdict(*call, self._payloads(rescued.cells[i], checks, rescue_run=True), checks,
                                         False, self._secret, rescue=True)
@@ -174,16 +184,19 @@ class JudgeChecks(NbGraderPreprocessor):
                                             if isinstance(p, dict) else p for p in payloads]
 
     @staticmethod
-    def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None, rescue=False):
+    def _verdict(name, seed, payloads, checks, must_have_run: bool, secret: bytes | None = None, rescue=False,
+                 peak_rise: int | None = None):
         """The verdict on the values handed back for one check call: the first that fails, where a cell showed
         several (a guess per payload wins nothing); None where none came back because the cell stopped before it
-        (its error says why). ``rescue``: the results made with the upstream answers a rescue run lent."""
+        (its error says why). ``rescue``: the results made with the upstream answers a rescue run lent.
+        ``peak_rise``: how far the sandbox's memory rose while the cell ran, where the grader measured it."""
+        measured = {} if peak_rise is None else {"peak_rise": peak_rise}
         verdicts = []
         for payload in payloads:
             if isinstance(payload, dict) and payload.get("exercise") == name and payload.get("seed") == seed:
                 try:
                     verdicts.append(checks.judge(payload, secret, rescue=True) if rescue
-                                    else checks.judge(payload, secret))
+                                    else checks.judge(payload, secret, **measured))
                 except (ValueError, KeyError, TypeError) as err:
                     verdicts.append(checks.Verdict(False, f"{name}: the values handed back could not be read "
                                                           f"({type(err).__name__}: {err})"))

@@ -255,6 +255,32 @@ async def _dies_after(code: str, policy: SandboxPolicy, scratch: Path, zygote) -
         return not await km.is_alive()
 
 
+def test_the_memory_meter_sees_what_the_sandboxs_processes_allocate_whatever_they_say():
+    """How far a cgroup's memory rose, read from outside: 200 MiB touched by a child process (which no tracemalloc
+    in the parent sees) count; the meter started after them sees only what came since."""
+    cgroup = SandboxCgroup.create(2**30, 16)
+    if cgroup is None:
+        pytest.skip("this process may make no cgroup")
+    held = subprocess.Popen([*cgroup.join_prefix(), sys.executable, "-c",
+                             "import os, sys\nsys.stdin.readline()\nblock = bytearray(os.urandom(1)) * (200 * 2**20)\n"
+                             "print('held', flush=True)\nsys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        meter = cgroup.memory_meter()
+        if meter is None:
+            pytest.skip("this machine's cgroup cannot restart its memory peak (cgroup v2 before Linux 6.12)")
+        held.stdin.write("allocate\n")
+        held.stdin.flush()
+        assert held.stdout.readline().strip() == "held"
+        rise = meter.rise()
+        assert 200 * 2**20 <= rise < 400 * 2**20, rise / 2**20
+        assert cgroup.memory_meter().rise() < 16 * 2**20, "what is held already is not a rise"
+    finally:
+        held.kill()
+        held.wait()
+        cgroup.close()
+
+
 @needs_bwrap
 def test_kernels_forked_from_a_zygote_share_nothing_and_survive_its_death(tmp_path):
     """Each notebook's kernel is a fresh fork: what one notebook changes (a module, builtins, files in its

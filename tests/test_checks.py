@@ -613,6 +613,35 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
     assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
 
 
+def test_the_memory_check_judges_the_peak_the_grader_measured_not_the_kernels():
+    """08's peak: in the student's session what tracemalloc saw; when graded, how far the sandbox's memory rose
+    while the cell ran (the cell's metadata, written by the grader's meter), whatever the kernel reports."""
+    from autograder.verdicts import PEAK_RISE
+
+    H, N, _ = exercises.MEMORY_SHAPE
+    one = H * N * N * 8
+
+    def claims(peak):  # the reference's output, and a peak of the kernel's choosing
+        return lambda q, k, v, slopes, causal=False, block=64: (float(peak), exercises.alibi_attention(
+            q, k, v, slopes, causal=causal))
+
+    def graded(claimed, measured):
+        payload = run("tiled_memory", lambda *a, **kw: None)
+        payload["results"] = [{"value": encode(claims(claimed)(*map(np.asarray, c.args), **c.kwargs)),
+                               "device": None} for c in model.cases("tiled_memory", None)]
+        cell = _graded_cell('check("tiled_memory", tiled_alibi_attention)', [_payload_output(payload)])
+        if measured is not None:
+            cell.metadata[PEAK_RISE] = measured
+        nb = nbformat.v4.new_notebook(cells=[cell])
+        JudgeChecks(checks_module="alibi_ref.course.grading").preprocess(nb, {})
+        assert PEAK_RISE not in nb.cells[0].metadata, "the measurement is read, not kept in the notebook"
+        return [o.output_type for o in nb.cells[0].outputs]
+
+    assert graded(0, one) == ["error"], "the kernel said 0 bytes; its memory rose by a whole (H, N, N) array"
+    assert graded(one, 2**20) == ["stream"], "the kernel's word counts for nothing where the grader measured"
+    assert graded(0, None) == ["stream"] and graded(one, None) == ["error"], "no meter: what the kernel says"
+
+
 def test_results_made_with_lent_upstream_answers_count_only_from_a_rescue_run():
     """In a student's session a wrong alibi_head is lent the reference's, and multi_head is right with it. When
     grading, those results are read only from a rescue run, whose view lent them: in any other run they are the

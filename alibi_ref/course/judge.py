@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import Case, Exercise, cases, find
-from .wire import Leaf, Other, decode
+from .wire import Leaf, Other, decode, encode
 
 # |got - expected| may exceed a case's own tolerance by this much, relative to the largest
 # expected magnitude (at least 1): float32's rounding after the few dozen operations of an exercise
@@ -27,10 +27,11 @@ class Verdict:
     message: str
 
 
-def judge(payload: dict, secret: bytes | None = None, *, rescue: bool = False) -> Verdict:
+def judge(payload: dict, secret: bytes | None = None, *, rescue: bool = False, peak_rise: int | None = None) -> Verdict:
     """Compare a payload's results with the reference's (``secret``: the grader's, with which it drew the hidden
     cases). ``rescue``: judge only the results made with the reference's upstream answers (a rescue run's).
-    Raises ValueError for a malformed payload."""
+    ``peak_rise``: bytes the grader measured the sandbox's memory rising while the check's cell ran, judged in place
+    of the peak the kernel reports (``Exercise.peak_from_grader``). Raises ValueError for a malformed payload."""
     name, seed = payload["exercise"], payload["seed"]
     ex = find(str(name))
     if seed is not None and not isinstance(seed, int):
@@ -45,6 +46,8 @@ def judge(payload: dict, secret: bytes | None = None, *, rescue: bool = False) -
     results = list(rescued if rescue else payload["results"])
     if len(results) != len(chosen):
         raise ValueError(f"{len(results)} results for {len(chosen)} cases")
+    if ex.peak_from_grader and peak_rise is not None:
+        results = [_with_peak(result, peak_rise) for result in results]
     failures = _failures(ex, chosen, results, expected)
     names = [str(n) for n in payload.get("upstream", ())]
     upstream, fails = " and ".join(names), "fail their own checks" if len(names) > 1 else "fails its own check"
@@ -62,6 +65,14 @@ def judge(payload: dict, secret: bytes | None = None, *, rescue: bool = False) -
     more = f" ({others} more {where} check{'s' * (others > 1)} failed too)" if others else ""
     hint = _name_the_mistake(ex, chosen, results)
     return Verdict(False, f"{case.label}: {problem}{more}" + (f"\nHint: {hint}" if hint else ""))
+
+
+def _with_peak(result, peak: int):
+    """A (peak, output) result with ``peak`` in place of the peak the kernel reported."""
+    value = result.get("value") if isinstance(result, dict) else None
+    if not isinstance(value, dict) or not isinstance(value.get("seq"), list) or len(value["seq"]) != 2:
+        return result  # raised, or not a pair: judged as it came
+    return {**result, "value": {"seq": [encode(float(peak)), value["seq"][1]]}}
 
 
 def _failures(ex: Exercise, chosen: list[Case], results: list, expected: list) -> list[tuple[Case, str]]:

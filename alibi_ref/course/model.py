@@ -53,6 +53,9 @@ class Exercise:
     jax_inputs: bool = False  # array arguments reach the answer as JAX arrays (float32 unless input_dtype says)
     adapter: Callable | None = None  # a function of ``harness``: (answer, *args, **kwargs) -> the value handed back
     helpers: tuple[str, ...] = ()  # course helpers the notebook lets this answer use (``view.HELPERS``)
+    # its value is (peak memory in bytes, output): where the grader measured how far the sandbox's memory rose while
+    # the check's cell ran (``judge``'s ``peak_rise``), that is the peak judged, not what the kernel said
+    peak_from_grader: bool = False
 
 
 EXERCISES: dict[str, Exercise] = {}
