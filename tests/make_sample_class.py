@@ -424,7 +424,7 @@ def attacks_around_the_guard() -> dict:
         "m.run = precomputed", id="own-rebind")
     nb03 = filled("03_slope_zero")
     answer(nb03, "standard_attention", "def standard_attention(Q, K, V, n_heads):\n    return None\n")
-    answer(nb03, "slope_zero", "alibi_zero_output = max_difference = 0.0\n")
+    answer(nb03, "slope_zero", "alibi_zero_output = max_difference = chapter_difference = 0.0\n")
     nb03.cells.insert(nb03.cells.index(cell(nb03, "standard_attention")), rebind)
     return {"01_slopes_and_bias": nb01, "02_worked_example": nb02, "03_slope_zero": nb03, "04_causal": nb04}
 

@@ -613,6 +613,19 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
     assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
 
 
+def test_the_slope_zero_check_takes_a_zero_found_beside_a_difference_not_a_zero_typed():
+    from alibi_ref.course.chapter import multi_head_alibi
+
+    Q, K, V = exercises.Q, exercises.K, exercises.V
+    zero = multi_head_alibi(Q, K, V, 2, slopes=[0.0, 0.0])[0]
+    apart = float(np.abs(zero - multi_head_alibi(Q, K, V, 2)[0]).max())
+    assert apart > 1e-3, "at the chapter's slopes ALiBi is not standard attention"
+    named = {"alibi_zero_output": zero, "max_difference": 0.0}
+    assert judge(run("slope_zero", {**named, "chapter_difference": apart})).passed
+    typed = judge(run("slope_zero", {**named, "chapter_difference": 0.0}))
+    assert not typed.passed and "chapter_difference" in typed.message
+
+
 def test_the_memory_check_judges_the_peak_the_grader_measured_not_the_kernels():
     """08's peak: in the student's session what tracemalloc saw; when graded, how far the sandbox's memory rose
     while the cell ran (the cell's metadata, written by the grader's meter), whatever the kernel reports."""

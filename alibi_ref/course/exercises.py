@@ -283,7 +283,11 @@ exercise(Exercise(
     "slope_zero",
     visible=lambda: [Case("alibi_zero_output (ALiBi with both slopes 0)", ("alibi_zero_output",),
                           expected=standard_reference(Q, K, V, 2)[0]),
-                     Case("max_difference", ("max_difference",), expected=0.0, atol=1e-12)],
+                     Case("max_difference", ("max_difference",), expected=0.0, atol=1e-12),
+                     # what makes 0.0 a finding rather than a guess: at the chapter's slopes ALiBi differs
+                     Case("chapter_difference (ALiBi at the chapter's slopes, 1/2 and 1/4)", ("chapter_difference",),
+                          expected=float(np.abs(standard_reference(Q, K, V, 2)[0]
+                                                - multi_head_alibi(Q, K, V, 2)[0]).max()), atol=1e-9)],
     hidden=lambda rng: [],
     reference=None,
     helpers=("multi_head_alibi",),  # the notebook lends it for this exercise
