@@ -61,6 +61,16 @@ def test_release_hides_solutions_and_hidden_tests():
             assert marker not in text, f"{path.name} contains {marker!r}"
 
 
+def test_every_cell_is_an_answer_a_test_or_locked():
+    """A cell without nbgrader's metadata is neither restored nor checked: a student may edit or delete it and
+    nbgrader never notices. Every cell of the instructor's notebooks says what it is."""
+    for path in SOLUTIONS.glob("*.ipynb"):
+        for n, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            meta = cell.metadata.get("nbgrader", {})
+            assert meta.get("solution") or meta.get("grade") or meta.get("locked") or meta.get("task"), (
+                f"{path.name} cell {n} ({cell.get('id')}) has no nbgrader role")
+
+
 def test_every_written_answer_has_a_rubric_and_says_what_a_full_answer_covers():
     for path in SOLUTIONS.glob("*.ipynb"):
         cells = nbformat.read(path, as_version=4).cells
