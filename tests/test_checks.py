@@ -613,6 +613,16 @@ def test_judge_checks_decides_each_test_cell_from_the_values_alone():
     assert not any(MIME in o.get("data", {}) for c in nb.cells for o in c.outputs), "the values are removed"
 
 
+def test_the_visible_checks_catch_what_only_the_hidden_ones_caught():
+    """A head-2 row at head 1's slope, and constant slopes that ignore their value, fail in the student's own
+    session (they passed it and lost hidden points), without the visible check showing head 2's row."""
+    row = lambda start, slope: exercises.alibi_head_reference(*exercises._columns(start, start + 2), slope)[0][2]  # noqa: E731
+    at_head1_slope = judge(run("sat_rows", {"sat_head1": row(0, 0.5), "sat_head2": row(2, 0.5)}))
+    assert not at_head1_slope.passed and "head 2's slope is 1/4" in at_head1_slope.message
+    assert judge(run("sat_rows", {"sat_head1": row(0, 0.5), "sat_head2": row(2, 0.25)})).passed
+    assert not judge(run("constant_slopes", lambda n, value=0.25: np.full(n, 0.25))).passed
+
+
 def test_the_slope_zero_check_takes_a_zero_found_beside_a_difference_not_a_zero_typed():
     from alibi_ref.course.chapter import multi_head_alibi
 

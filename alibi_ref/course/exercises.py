@@ -247,12 +247,28 @@ class SumsTo(Expect):
         return None if abs(total - self.total) <= 1e-9 + 2e-5 else f"{at}sums to {total:.6g}, expected {self.total}"
 
 
+class SumsToAndIsNot(SumsTo):
+    """Sums to ``total`` and is not ``wrong`` (a classic mistake's value), without showing the right value."""
+
+    def __init__(self, total: float, wrong, why: str):
+        super().__init__(total)
+        self.wrong, self.why = np.asarray(wrong, float), why
+
+    def check(self, got, case, at):
+        problem = super().check(got, case, at)
+        if problem or got.values.shape != self.wrong.shape or not np.allclose(got.values, self.wrong, atol=1e-9):
+            return problem
+        return f"{at}{self.why}"
+
+
 _SAT = 2  # "sat" is the third token
 
 exercise(Exercise(
     "sat_rows",
     visible=lambda: [Case("sat_head1", ("sat_head1",), expected=alibi_head_reference(*_columns(0, 2), 0.5)[0][_SAT]),
-                     Case("the sum of sat_head2", ("sat_head2",), expected=SumsTo(1.0))],
+                     Case("the sum of sat_head2", ("sat_head2",), expected=SumsToAndIsNot(
+                         1.0, alibi_head_reference(*_columns(2, 4), 0.5)[0][_SAT],
+                         "that is head 2's row at head 1's slope, 1/2: head 2's slope is 1/4"))],
     hidden=lambda rng: [Case("sat_head2", ("sat_head2",),
                              expected=alibi_head_reference(*_columns(2, 4), 0.25)[0][_SAT])],
     reference=None,
@@ -394,7 +410,8 @@ exercise(Exercise(
 
 exercise(Exercise(
     "constant_slopes",
-    visible=lambda: [Case("constant_slopes(3)", (3,), atol=1e-15)],
+    visible=lambda: [Case("constant_slopes(3)", (3,), atol=1e-15),
+                     Case("constant_slopes(2, value=0.5)", (2,), {"value": 0.5}, atol=1e-15)],
     # values from a continuum: no table of the reference's answers made beforehand can hold them
     hidden=lambda rng: [Case(f"constant_slopes({n}, value={value})", (n,), {"value": value}, atol=1e-15)
                         for n, value in zip((1, 5, 12), rng.uniform(0.01, 2.0, 3).round(6).tolist(), strict=True)],
