@@ -664,8 +664,11 @@ def _sdpa_cases(rng):
 def _sdpa_visible():
     rng = np.random.default_rng(2)
     q, k, v = (rng.normal(size=(2, 4, 7, 8)) for _ in range(3))
+    decode_q = rng.normal(size=(2, 4, 1, 8))  # one query, the last of 7 positions: a decoding step
     return [Case(f"sdpa_alibi on (2, 4, 7, 8), causal={c}", (q, k, v, get_slopes(4)), {"causal": c})
-            for c in (False, True)]
+            for c in (False, True)] + [
+        Case("sdpa_alibi for a decoding step: q_len=1, k_len=7, causal=True", (decode_q, k, v, get_slopes(4)),
+             {"causal": True})]
 
 
 exercise(Exercise(
