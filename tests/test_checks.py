@@ -623,6 +623,24 @@ def test_the_visible_checks_catch_what_only_the_hidden_ones_caught():
     assert not judge(run("constant_slopes", lambda n, value=0.25: np.full(n, 0.25))).passed
 
 
+def test_a_causal_triangle_aligned_top_left_fails_the_visible_decoding_step():
+    """SDPA's is_causal puts query i at position i; ALiBi's queries are the last q_len positions of the keys."""
+    import torch.nn.functional as F
+
+    def aligned(start_of_keys: bool):
+        def sdpa_alibi(q, k, v, slopes, causal=False):
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            i = torch.arange(n_q)[:, None] + (0 if start_of_keys else n_k - n_q)
+            j = torch.arange(n_k)[None, :]
+            bias = -torch.as_tensor(slopes, dtype=q.dtype)[:, None, None] * (i - j).abs()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(causal & (j > i), float("-inf")))
+        return sdpa_alibi
+
+    assert judge(run("sdpa_alibi", aligned(start_of_keys=False))).passed
+    top_left = judge(run("sdpa_alibi", aligned(start_of_keys=True)))
+    assert not top_left.passed and "decoding step" in top_left.message
+
+
 def test_the_slope_zero_check_takes_a_zero_found_beside_a_difference_not_a_zero_typed():
     from alibi_ref.course.chapter import multi_head_alibi
 
