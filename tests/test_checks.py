@@ -622,6 +622,16 @@ def test_the_visible_checks_catch_what_only_the_hidden_ones_caught():
     assert judge(run("sat_rows", {"sat_head1": row(0, 0.5), "sat_head2": row(2, 0.25)})).passed
     assert not judge(run("constant_slopes", lambda n, value=0.25: np.full(n, 0.25))).passed
 
+    def bias_from_a_list(slopes, q_len, k_len, causal=False):  # right on the CPU; .tolist() has no data on meta
+        i = torch.arange(k_len - q_len, k_len)[:, None]
+        j = torch.arange(k_len)[None, :]
+        rows = [-m * (i - j).abs().double() for m in slopes.tolist()]
+        bias = torch.stack(rows).masked_fill(causal & (j > i), float("-inf"))
+        return bias.to(slopes.dtype)
+
+    on_meta = judge(run("alibi_bias_torch", bias_from_a_list))
+    assert not on_meta.passed and "meta device" in on_meta.message, on_meta.message
+
 
 def test_a_causal_triangle_aligned_top_left_fails_the_visible_decoding_step():
     """SDPA's is_causal puts query i at position i; ALiBi's queries are the last q_len positions of the keys."""

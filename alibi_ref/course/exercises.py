@@ -522,6 +522,11 @@ class MetaShape(Expect):
 
 
 
+def _bias_on_meta():
+    return Case("alibi_bias_torch on the meta device (no data: only where the tensors are made)",
+                (np.ones(4), 5, 8), {"causal": True}, device="meta", expected=MetaShape((4, 5, 8)))
+
+
 exercise(Exercise(
     "alibi_bias_torch",
     visible=lambda: [
@@ -531,13 +536,13 @@ exercise(Exercise(
              (np.array([0.5]), 1, 1000), input_dtype="bfloat16", dtype="bfloat16", exact=True, atol=0.0,
              # b[0] first: the first head, of a tensor or of a list of per-head tensors alike
              expected=np.array([-1.0, -0.5, 0.0]), pick="last_three_of_first_row"),
+        _bias_on_meta(),
     ],
     hidden=lambda rng: [
         *(Case(f"alibi_bias_torch(<{len(s)} slopes>, {q}, {k}, causal={c})", (s, q, k), {"causal": c}, atol=1e-12)
           for s, q, k, c in [(get_slopes(12), 7, 7, False), (get_slopes(6), 1, 20, True),
                              (get_slopes(3), 4, 9, False), (rng.uniform(0, 1, 5), 9, 9, True)]),
-        Case("alibi_bias_torch on the meta device (no data: only where the tensors are made)",
-             (np.ones(4), 5, 8), {"causal": True}, device="meta", expected=MetaShape((4, 5, 8)))],
+        _bias_on_meta()],
     reference=_torch_bias_reference,
     mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle", "key_only"),
     torch_inputs=True,
@@ -571,14 +576,17 @@ def _attention_mistakes_4d(**flags):
 _TORCH_ATTENTION_MISTAKES = attention_mistakes(_attention_mistakes_4d, "no_scale", "bias_scaled", "sign", "axis",
                                                "start", "triangle")
 
+def _attention_on_meta():
+    return Case("alibi_attention_torch on the meta device", (*(np.ones((1, 2, 3, 4)),) * 3, np.ones(2)),
+                device="meta", expected=MetaShape((1, 2, 3, 4)))
+
+
 exercise(Exercise(
     "alibi_attention_torch",
     visible=lambda: [Case("alibi_attention_torch on the chapter's example (two heads)",
-                          (*(_split_heads(x) for x in (Q, K, V)), np.array([0.5, 0.25])))],
+                          (*(_split_heads(x) for x in (Q, K, V)), np.array([0.5, 0.25]))), _attention_on_meta()],
     hidden=lambda rng: [*(Case("alibi_attention_torch, " + c.label, c.args, c.kwargs)
-                          for c in _torch_attention_cases(rng)),
-                        Case("alibi_attention_torch on the meta device", (*(np.ones((1, 2, 3, 4)),) * 3, np.ones(2)),
-                             device="meta", expected=MetaShape((1, 2, 3, 4)))],
+                          for c in _torch_attention_cases(rng)), _attention_on_meta()],
     reference=torch_attention_reference,
     mistakes=_TORCH_ATTENTION_MISTAKES,
     upstream=("alibi_bias_torch",),
