@@ -632,6 +632,14 @@ def test_the_visible_checks_catch_what_only_the_hidden_ones_caught():
     on_meta = judge(run("alibi_bias_torch", bias_from_a_list))
     assert not on_meta.passed and "meta device" in on_meta.message, on_meta.message
 
+    def attention_in_numpy(q, k, v, slopes, causal=False):  # the right numbers on the CPU, and no gradient
+        return torch.as_tensor(exercises.torch_attention_reference(
+            q.detach().cpu().numpy(), k.cpu().numpy(), v.cpu().numpy(), slopes.cpu().numpy(), causal))
+
+    assert "on the meta device" in judge(run("alibi_attention_torch", attention_in_numpy)).message
+    no_gradient = judge(run("attention_gradient", attention_in_numpy))
+    assert not no_gradient.passed and "carries no gradient back to q" in no_gradient.message
+
 
 def test_a_causal_triangle_aligned_top_left_fails_the_visible_decoding_step():
     """SDPA's is_causal puts query i at position i; ALiBi's queries are the last q_len positions of the keys."""

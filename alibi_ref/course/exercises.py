@@ -13,7 +13,7 @@ import numpy as np
 from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
 from .examples import cat_sat_on_mat
-from .harness import jitted_with_static_length, peak_and_output, score_mod_outputs
+from .harness import gradient_of_summed_output, jitted_with_static_length, peak_and_output, score_mod_outputs
 from .judge import Expect, compare
 from .model import Case, Exercise, Mistake, exercise
 from .upstream import softmax
@@ -592,6 +592,33 @@ exercise(Exercise(
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
     helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
+))
+
+
+def attention_gradient_reference(q, k, v, slopes, causal=False):
+    """The gradient of ALiBi attention's summed output with respect to q, by torch's autograd in float64."""
+    import torch
+
+    q_, k_, v_ = (torch.as_tensor(np.asarray(x, float)) for x in (q, k, v))
+    q_.requires_grad_(True)
+    bias = torch.as_tensor(alibi_bias(np.asarray(slopes, float), q_.shape[-2], k_.shape[-2], causal=causal))
+    out = torch.softmax(q_ @ k_.transpose(-1, -2) / np.sqrt(q_.shape[-1]) + bias, dim=-1) @ v_
+    (grad,) = torch.autograd.grad(out.sum(), q_)
+    return grad.numpy()
+
+
+# "gradients must flow through it": alibi_attention_torch's output, differentiated with respect to q
+exercise(Exercise(
+    "attention_gradient",
+    visible=lambda: [Case("d(sum of alibi_attention_torch's output)/dq on the chapter's example, causal",
+                          (*(_split_heads(x) for x in (Q, K, V)), np.array([0.5, 0.25])), {"causal": True})],
+    hidden=lambda rng: [Case("d(sum of the output)/dq, " + c.label, c.args, c.kwargs)
+                        for c in _torch_attention_cases(rng)[:2]],
+    reference=attention_gradient_reference,
+    upstream=("alibi_bias_torch",),
+    torch_inputs=True,
+    adapter=gradient_of_summed_output,
+    helpers=("get_slopes",),  # in alibi_attention_torch's test cell, which sees it
 ))
 
 

@@ -33,6 +33,20 @@ def peak_and_output(answer, q, k, v, slopes, causal=True, block=64):
     return float(peak), out
 
 
+def gradient_of_summed_output(answer, q, k, v, slopes, causal=False):
+    """Kernel side: the gradient of the answer's summed output with respect to ``q``, by autograd. An answer
+    computed outside torch (NumPy) or detached carries none, and is told so."""
+    import torch
+
+    q = q.detach().requires_grad_(True)
+    out = answer(q, k, v, slopes, causal=causal)
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise TypeError("the output carries no gradient back to q: is it computed outside torch (in NumPy), or "
+                        "detached?")
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    return grad
+
+
 def jitted_with_static_length(answer, slopes, T):
     """Kernel side: the answer compiled with ``jax.jit``, the length static (it sets a shape), as a model uses it."""
     import jax
