@@ -224,11 +224,10 @@ class SandboxedExecute(Execute):
             return None
 
     def _run_measured(self, cell, resources, index) -> None:
-        """Run one cell; a test cell with how far its sandbox's memory rose while it ran (``PEAK_RISE``), measured
-        outside the kernel, for checks that bound an answer's memory to read in place of what the kernel says."""
-        test_cell = (self.checks_module and cell.cell_type == "code"
-                     and cell.metadata.get("nbgrader", {}).get("grade"))
-        cgroup = self._sandboxed.sandbox_cgroup if test_cell and self._sandboxed is not None else None
+        """Run one cell; a test cell whose checks bound an answer's memory (the course's ``measures_memory``) with
+        how far its sandbox's memory rose while it ran (``PEAK_RISE``), measured outside the kernel, for the judge
+        to read in place of what the kernel says."""
+        cgroup = self._sandboxed.sandbox_cgroup if self._measures_memory(cell) else None
         meter = cgroup.memory_meter() if cgroup is not None else None
         try:
             self.preprocess_cell(cell, resources, index)
@@ -238,6 +237,14 @@ class SandboxedExecute(Execute):
                     cell.metadata[PEAK_RISE] = meter.rise()
                 except OSError:  # the sandbox ended with the cell (a killed kernel of its own)
                     pass
+
+    def _measures_memory(self, cell) -> bool:
+        if not (self.checks_module and self._sandboxed is not None and cell.cell_type == "code"
+                and cell.metadata.get("nbgrader", {}).get("grade")):
+            return False
+        grading = importlib.import_module(self.checks_module)
+        return hasattr(grading, "measures_memory") and any(grading.measures_memory(name)
+                                                            for name, _ in check_calls(cell.source))
 
     def _run_cells(self, resources, deadline):
         per_cell = self.timeout
