@@ -227,6 +227,7 @@ class SandboxedExecute(Execute):
         """Run one cell; a test cell whose checks bound an answer's memory (the course's ``measures_memory``) with
         how far its sandbox's memory rose while it ran (``PEAK_RISE``), measured outside the kernel, for the judge
         to read in place of what the kernel says."""
+        cell.metadata.pop(PEAK_RISE, None)  # a figure the notebook came with is the student's, never the meter's
         cgroup = self._sandboxed.sandbox_cgroup if self._measures_memory(cell) else None
         meter = cgroup.memory_meter() if cgroup is not None else None
         try:
