@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
 from pathlib import Path
 
 from nbformat import NotebookNode
@@ -120,14 +119,13 @@ class JudgeChecks(NbGraderPreprocessor):
         runs = {seen: nb}  # view key -> the notebook as run in that view
         for key in sorted(set(views.values()) - {seen}):
             runs[key] = run_again(checks.helpers_in(key))
-        # measured outside the kernel, read in place of what it says where the course's judge takes it
+        # measured outside the kernel (only where the course's measures_memory asks), read in place of what it says
         rises = {(key, i): run.cells[i].metadata.pop(PEAK_RISE, None) for key, run in runs.items() for i in graded}
-        measures = "peak_rise" in inspect.signature(checks.judge).parameters
         verdicts = {}
         for i, calls in graded.items():
             for call in calls:
                 ran = runs[views.get(call, seen)].cells[i]
-                rise = rises[views.get(call, seen), i] if measures else None
+                rise = rises[views.get(call, seen), i]
                 verdicts[i, call] = self._verdict(*call, self._payloads(ran, checks), checks,
                                                   not _errors(ran.get("outputs", [])), self._secret, peak_rise=rise)
         if run_again:

@@ -186,5 +186,7 @@ def zygote_for(key: tuple, policy: SandboxPolicy, preload: list[str]) -> Zygote:
 def close_zygote(job: tuple) -> None:
     """End this student's sandboxes (every key that starts with ``job``: student, assignment), at the end of their
     job (other jobs' zygotes, in other threads of a Dask worker, stay)."""
-    for key in [key for key in _ZYGOTES if key[:len(job)] == job]:
-        _ZYGOTES.pop(key).close()
+    for key in [key for key in list(_ZYGOTES) if key[:len(job)] == job]:  # list(): one step, as other threads add
+        zygote = _ZYGOTES.pop(key, None)
+        if zygote is not None:
+            zygote.close()
