@@ -48,8 +48,14 @@ def _free_port() -> int:
 def jupyterlab(root: Path):
     """A JupyterLab server on 127.0.0.1 serving ``root``; yields its base URL."""
     port = _free_port()
+    settings = root / ".jupyterlab-settings"
+    # no autosave: one landing while the test's own save is in flight makes JupyterLab ask whether to overwrite
+    # a file "changed on disk" (a race a loaded machine wins), and the dialog then stands where Validate's would
+    autosave = settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    autosave.parent.mkdir(parents=True, exist_ok=True)
+    autosave.write_text('{"autosave": false}')
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config")}
+           "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config"), "JUPYTERLAB_SETTINGS_DIR": str(settings)}
     log = open(root / "jupyterlab.log", "w")  # closed in the finally below
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
@@ -181,6 +187,7 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
 
         # nbgrader's Validate, from the notebook's toolbar
         page.keyboard.press("Control+s")
+        expect(page.locator(".lm-TabBar-tab.jp-mod-dirty")).to_have_count(0)  # saved before Validate reads it
         page.get_by_role("button", name="Validate").first.click()
         dialog = page.locator(".jp-Dialog")
         dialog.wait_for()
