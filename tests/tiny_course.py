@@ -3,7 +3,8 @@
 It is not this repository's course: no alibi_ref, its own course id and configuration file, so a
 test on it shows the autograder grading any nbgrader course. ``hw1/squares`` has a 2-point code
 exercise (a visible and a hidden test) and a 1-point written answer; ``hw2/words`` a 3-point code
-exercise.
+exercise. ``busy/sums`` (built only when asked for) has a 1-point check that takes about a second of one
+CPU: a notebook a busy machine pushes past a tight time limit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ COURSE_ID = "tiny101"
 ANSWERS = {  # answer cell id -> a correct answer
     "squares": "def squares(n):\n    return [i * i for i in range(n)]",
     "count_words": "def count_words(text):\n    return len(text.split())",
+    "sum_of_squares": "def sum_of_squares(n):\n    return sum(i * i for i in range(n))",
 }
+BIG = 20_000_000  # busy/sums' check: the squares of 0 .. BIG - 1 summed one by one, about 1 s of one CPU
 
 
 def _meta(grade_id, *, grade=False, solution=False, locked=False, points=None):
@@ -56,11 +59,19 @@ def _source_notebooks() -> dict[str, dict[str, nbformat.NotebookNode]]:
                       "assert count_words('') == 0\nassert count_words(' x\\ty\\n') == 2\n### END HIDDEN TESTS",
                       metadata=_meta("test_count_words", grade=True, locked=True, points=3)),
     ])
-    return {"hw1": {"squares": squares}, "hw2": {"words": words}}
+    sums = _notebook([
+        new_markdown_cell("# Sums\nWrite `sum_of_squares(n)`: the sum of the squares of 0 .. n - 1."),
+        new_code_cell("def sum_of_squares(n):\n    ### BEGIN SOLUTION\n    return sum(i * i for i in range(n))\n"
+                      "    ### END SOLUTION", metadata=_meta("sum_of_squares", solution=True)),
+        new_code_cell(f"# 1 point\nn = {BIG}\nassert sum_of_squares(n) == (n - 1) * n * (2 * n - 1) // 6",
+                      metadata=_meta("test_sum_of_squares", grade=True, locked=True, points=1)),
+    ])
+    return {"hw1": {"squares": squares}, "hw2": {"words": words}, "busy": {"sums": sums}}
 
 
-def build(root: Path, exchange: Path | None = None) -> Path:
-    """An nbgrader course root at ``root`` (source/, nbgrader_config.py, release/ generated); returns root."""
+def build(root: Path, exchange: Path | None = None, assignments: tuple[str, ...] = ("hw1", "hw2")) -> Path:
+    """An nbgrader course root at ``root`` (source/, nbgrader_config.py, release/ generated) with ``assignments``;
+    returns root."""
     root.mkdir(parents=True, exist_ok=True)
     config = [f"c.CourseDirectory.course_id = {COURSE_ID!r}",
               "c.CourseDirectory.db_url = 'sqlite:///' + __import__('os').path.join("
@@ -68,7 +79,8 @@ def build(root: Path, exchange: Path | None = None) -> Path:
     if exchange is not None:
         config.append(f"c.Exchange.root = {str(exchange)!r}")
     (root / "nbgrader_config.py").write_text("c = get_config()  # noqa: F821\n" + "\n".join(config) + "\n")
-    for assignment, notebooks in _source_notebooks().items():
+    for assignment in assignments:
+        notebooks = _source_notebooks()[assignment]
         (root / "source" / assignment).mkdir(parents=True, exist_ok=True)
         for name, nb in notebooks.items():
             nbformat.write(nb, root / "source" / assignment / f"{name}.ipynb")
