@@ -73,30 +73,32 @@ def test_a_busy_machine_costs_time_not_points(tmp_path):
 
 @needs_bwrap
 def test_an_interrupted_run_resumes_without_regrading(tmp_path):
+    course = tiny_course.build(tmp_path / "tiny", assignments=("hw2",))
     subs = tmp_path / "subs"
     for student in ("s1", "s2", "s3", "s4"):
         (subs / student).mkdir(parents=True)
-        shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs / student)
+        nbformat.write(tiny_course.answer(course / "release" / "hw2" / "words.ipynb", tiny_course.ANSWERS),
+                       subs / student / "words.ipynb")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--output", str(out), "--workers", "1",
-           "--no-progress", "--db", f"sqlite:///{tmp_path / 'elsewhere.db'}"]
+    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--output", str(out), "--course", str(course),
+           "--workers", "1", "--no-progress", "--db", f"sqlite:///{tmp_path / 'elsewhere.db'}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while not list(out.glob("state/*/alibi/done.sha256")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while not list(out.glob("state/*/hw2/done.sha256")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.killpg(proc.pid, 9)  # the instructor's laptop dies
     proc.wait()
-    done = {p.parent.parent.name: p.stat().st_mtime_ns for p in out.glob("state/*/alibi/done.sha256")}
+    done = {p.parent.parent.name: p.stat().st_mtime_ns for p in out.glob("state/*/hw2/done.sha256")}
     assert 1 <= len(done) < 4, f"expected an interrupted run, found {len(done)} students done"
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     for student, mtime in done.items():
-        done_file = out / "state" / student / "alibi" / "done.sha256"
+        done_file = out / "state" / student / "hw2" / "done.sha256"
         assert done_file.stat().st_mtime_ns == mtime, f"{student} was graded again"
     assert (tmp_path / "elsewhere.db").exists() and not (out / "gradebook.db").exists(), "--db was not used"
     rows = csv_rows(out / "grades.csv")
-    graded = {r["student"]: r for r in rows if r["notebook"] == "03_slope_zero"}
+    graded = {r["student"]: r for r in rows if r["notebook"] == "words"}
     assert {s: (float(r["score"]), r["status"]) for s, r in graded.items()} == {
         s: (3.0, "graded") for s in ("s1", "s2", "s3", "s4")}
 
