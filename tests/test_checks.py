@@ -672,6 +672,21 @@ def test_the_slope_zero_check_takes_a_zero_found_beside_a_difference_not_a_zero_
     assert not typed.passed and "chapter_difference" in typed.message
 
 
+def test_the_hidden_memory_case_cannot_be_built_whole_in_a_graded_kernel():
+    """08's memory bound holds by what the sandbox is: the hidden case's (N, N) scores, even in float32, are more
+    than one graded process may map and than all of a sandbox's processes may hold (the default limits); its
+    reference, in row blocks, is the library's attention."""
+    from autograder.sandbox import SandboxPolicy
+
+    policy, n = SandboxPolicy(), exercises.HIDDEN_MEMORY_N
+    assert n * n * 4 > policy.memory_bytes and n * n * 4 >= policy.sandbox_memory_bytes
+    [case] = model.cases("tiled_memory", 1, b"grader's secret")
+    assert case.args[0].shape[1] == n and case.kwargs["causal"]
+    q, k, v, slopes = (a[:, :300] if a.ndim == 3 else a for a in case.args)
+    _, blocks = exercises.tiled_memory_reference(q, k, v, slopes, causal=True, rows=64)
+    np.testing.assert_allclose(blocks, exercises.alibi_attention(q, k, v, slopes, causal=True), atol=1e-13)
+
+
 def test_the_memory_check_judges_the_peak_the_grader_measured_not_the_kernels():
     """08's peak: in the student's session what tracemalloc saw; when graded, how far the sandbox's memory rose
     while the cell ran (the cell's metadata, written by the grader's meter), whatever the kernel reports."""
