@@ -23,7 +23,6 @@ c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".exc
 c.JudgeChecks.checks_module = "alibi_ref.course.grading"
 
 # the autograder forks each notebook's kernel from a zygote in the student's sandbox that has already
-# imported these (autograder/zygote.py): paid once per student instead of once per notebook. torch._dynamo too:
-# every graded kernel sets torch.compile's stance (sandbox.STARTUP), which imports it (a second or two a kernel)
-c.SandboxedExecute.preload = ["numpy", "torch", "torch._dynamo", "matplotlib.pyplot",
-                              "matplotlib_inline.backend_inline", "ipywidgets", "alibi_ref.course"]
+# imported these (autograder/zygote.py): paid once per student instead of once per notebook
+c.SandboxedExecute.preload = ["numpy", "torch", "matplotlib.pyplot", "matplotlib_inline.backend_inline", "ipywidgets",
+                              "alibi_ref.course"]

@@ -422,15 +422,26 @@ def _set_up_for_grading():
     # code compiled with torch.compile runs as the Python it was traced from: inductor would start a C++
     # compiler (Triton's on a GPU) for every kernel, seconds each, and a graded run's time would depend on
     # the compiler's cache. Where torch is not imported yet (a kernel not forked from the zygote),
-    # from the first cell after it is: importing it here would cost every kernel its memory
+    # from the first cell after it is: importing it here would cost every kernel its memory. Setting the
+    # stance imports torch._dynamo (a second or more): where nothing has yet, the first torch.compile call
+    # sets it, as that call would import it anyway
     def eager(*_):
         torch = sys.modules.get("torch")
-        if torch is None:
+        if torch is None or not hasattr(torch.compiler, "set_stance"):  # torch >= 2.6
             return
-        if hasattr(torch.compiler, "set_stance"):  # torch >= 2.6
+        if "torch._dynamo" in sys.modules:
             torch.compiler.set_stance("force_eager")
-        if eager in shell.events.callbacks["pre_run_cell"]:
-            shell.events.unregister("pre_run_cell", eager)
+            if eager in shell.events.callbacks["pre_run_cell"]:
+                shell.events.unregister("pre_run_cell", eager)
+        elif not hasattr(torch.compile, "sets_eager_stance"):
+            compile_ = torch.compile
+
+            def compile_eagerly(*args, **kwargs):
+                torch.compiler.set_stance("force_eager")
+                return compile_(*args, **kwargs)
+
+            compile_eagerly.sets_eager_stance = True
+            torch.compile = compile_eagerly
 
     shell = get_ipython()  # IPython's, in a startup file
     shell.events.register("pre_run_cell", eager)

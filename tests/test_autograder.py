@@ -869,13 +869,14 @@ def test_a_kernel_that_fills_its_folder_is_stopped_and_told_why(writes, limits, 
 
 
 def test_without_the_sandbox_it_warns_and_still_grades(tmp_path):
-    subs = tmp_path / "subs" / "solo"
-    subs.mkdir(parents=True)
-    shutil.copy(SAMPLE / "submissions" / "ada" / "alibi" / "03_slope_zero.ipynb", subs)
+    course = tiny_course.build(tmp_path / "tiny", assignments=("hw2",))
+    (tmp_path / "subs" / "solo").mkdir(parents=True)
+    nbformat.write(tiny_course.answer(course / "release" / "hw2" / "words.ipynb", tiny_course.ANSWERS),
+                   tmp_path / "subs" / "solo" / "words.ipynb")
     with pytest.warns(UserWarning, match="sandbox disabled"):
-        report = grade(tmp_path / "subs", tmp_path / "out", sandbox=False, **FAST)
+        report = grade(tmp_path / "subs", tmp_path / "out", course=course, sandbox=False, **FAST)
     rows = {r["notebook"]: r for r in csv_rows(tmp_path / "out" / "grades.csv")}
-    assert (float(rows["03_slope_zero"]["score"]), rows["03_slope_zero"]["status"]) == (3.0, "graded")
+    assert (float(rows["words"]["score"]), rows["words"]["status"]) == (3.0, "graded")
     assert report.totals()["solo"] == 3.0
 
 
