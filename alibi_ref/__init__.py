@@ -19,9 +19,6 @@ The package has three layers, each importing only the ones below it:
 NumPy and PyTorch (any device) share one API; torch is imported only when used.
 """
 
-import importlib
-import warnings
-
 from .attention import alibi_attention, naive_attention
 from .bias import alibi_bias, key_only_bias
 from .denormals import flush_denormals
@@ -38,9 +35,6 @@ __all__ = [
     "naive_attention",
 ]
 
-# names that lived here before the course helpers got their own layer
-_MOVED_TO_COURSE = {"cat_sat_on_mat", "examples", "explain", "multi_head_alibi", "plots"}
-
 
 def __getattr__(name):
     # the nn.Module needs torch at class definition: import it on first use only
@@ -48,7 +42,4 @@ def __getattr__(name):
         from .nn import ALiBiMultiheadAttention
 
         return ALiBiMultiheadAttention
-    if name in _MOVED_TO_COURSE:
-        warnings.warn(f"alibi_ref.{name} is now alibi_ref.course.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(".course", __name__), name)
     raise AttributeError(f"module 'alibi_ref' has no attribute {name!r}")

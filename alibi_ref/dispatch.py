@@ -23,7 +23,7 @@ IMPLS = ("auto", "naive", "sdpa", "strided", "flex", "fused")
 # below this many keys the (H, i, j) bias is small and FlexAttention's compilation outweighs it
 FLEX_MIN_KEYS = 512
 # on the CPU, below this many keys the materialised bias is small and SDPA with it beats the strided
-# path, forward and backward (docs/performance.md, "Training, batches, and two machines", N = 64)
+# path, forward and backward (docs/performance.md, "Which path auto takes on the CPU", N = 64)
 STRIDED_MIN_KEYS = 128
 # on the CPU, from this many keys the fused kernel beats SDPA with the cached bias forward too; below it, only
 # where a gradient is taken (docs/performance.md, "The fused CPU kernel")

@@ -56,16 +56,8 @@ def _imports(tree: ast.AST) -> list[tuple[str, str, int]]:
             found += [(a.name, (a.asname or a.name).split(".")[0], node.lineno) for a in node.names
                       if a.name.split(".")[0] == PACKAGE]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == PACKAGE:
-            found += [(_current_name(f"{node.module}.{a.name}"), a.asname or a.name, node.lineno) for a in node.names]
+            found += [(f"{node.module}.{a.name}", a.asname or a.name, node.lineno) for a in node.names]
     return found
-
-
-def _current_name(name: str) -> str:
-    """The name the course has now for one it had before (``alibi_ref.multi_head_alibi``: see alibi_ref)."""
-    from alibi_ref import _MOVED_TO_COURSE
-
-    head, _, last = name.rpartition(".")
-    return f"{PACKAGE}.course.{last}" if head == PACKAGE and last in _MOVED_TO_COURSE else name
 
 
 def _parse(cell):

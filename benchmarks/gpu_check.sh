@@ -4,13 +4,11 @@
 #   bash benchmarks/gpu_check.sh               # one call, timeout_s=590: a session's 15 device minutes hold one
 #   bash benchmarks/gpu_check.sh 16384 4096    # the bench table of `auto` (a second call, where time is left)
 #
-# Measured on an H200 (2026-11-26): env 6 s, tests 63 s, a bench size ~11 s a row (a fresh
-# process each, FlexAttention compiled in each), so 20 rows of five paths took 215 s at N = 4096
-# and did not finish in 300 s at N = 16384. On an H100 (later that day): tests 141 s, a tuning variant
-# ~70 s at N = 16384 (four rows) and ~30 s at 4096. docs/performance.md ("CUDA") has both runs; the H100's split
-# flex's time (its floor with no bias is 1.3-1.6x plain SDPA at 16384) and led to the library's
-# present form, so the tuning stages now time the library beside that floor and the candidates still
-# open (benchmarks/flex_tuning.py: tune-16384, the kernel's part; tune-4096, the host's part), and the
+# Times on an H200 and an H100 (benchmarks/results/, docs/performance.md "CUDA"): the environment ~6 s, the tests
+# 60-140 s, a bench row ~11 s (a fresh process each, FlexAttention compiled in each: 20 rows of five paths take
+# about 215 s at N = 4096 and more than 300 s at 16384), a tuning variant ~70 s at N = 16384 and ~30 s at 4096.
+# The tuning stages time the library beside plain SDPA's floor and the candidates still open
+# (benchmarks/flex_tuning.py: tune-16384, the kernel's part; tune-4096, the host's part), and the
 # bench runs when named by its size N, with PATHS="..." for other paths than the three that decide `auto`.
 #
 # Stages run in the order given, each under its own time limit so that one that hangs leaves the

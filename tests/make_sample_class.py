@@ -271,7 +271,7 @@ def honest_but_unusual() -> dict:
         "        weights.append(w)\n"
         "    return np.hstack(outputs), np.stack(weights)\n"))
     answer(nbs["05_schedules"], "the_head1", (
-        "from alibi_ref import multi_head_alibi  # the name from before the course moved it\n\n"
+        "from alibi_ref.course import multi_head_alibi\n\n"
         "the_head1 = {}\n"
         "for name, slopes in [('textbook', [0.5, 0.25]), ('linear', linear_slopes(2)),\n"
         "                     ('constant', constant_slopes(2))]:\n"

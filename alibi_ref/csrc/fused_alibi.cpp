@@ -181,7 +181,7 @@ inline float exponentiate(const float* row, at::BFloat16* w, int64_t lo, int64_t
 }
 #endif
 #elif defined(__AVX2__) && defined(__FMA__)
-// float32 in 256-bit vectors, for CPUs without AVX-512 (an AMD EPYC of 2026-11-27): gcc's loops above ran the
+// float32 in 256-bit vectors, for CPUs without AVX-512 (an AMD EPYC, measured): gcc's loops above ran the
 // forward at 1.3-2.0x plain SDPA's time there (symmetric; docs/performance.md, "AVX2 without AVX-512"). The same
 // exp_weight's steps, 8 at a time (fused multiply-adds: within about an ulp of the scalar form, not bit for bit; the
 // outputs moved by at most 1.4e-6 at N = 256-1024); the columns past the last 8 scalar.
