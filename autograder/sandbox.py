@@ -23,6 +23,8 @@ remount a read-only bind, and RLIMIT_NPROC bounds its processes and threads. Its
 handed to that user only once the grader has written all it writes there (``hand_over``), so a
 file the student's code plants cannot redirect a write of the grader's. A cgroup per sandbox
 bounds the memory of all its processes together (``cgroup.py``), where the grader may make one.
+A seccomp filter (``no_user_namespaces_filter``, made with libseccomp) refuses every new user
+namespace inside: the kernel's code for them is attack surface a sandboxed process has no use for.
 
 Where bubblewrap is missing (or cannot create namespaces) the kernel runs unsandboxed with
 the same limits and scratch folder, after a warning: a weaker fallback for trusted classes.
@@ -30,6 +32,8 @@ the same limits and scratch folder, after a warning: a weaker fallback for trust
 
 from __future__ import annotations
 
+import atexit
+import errno
 import importlib.util
 import os
 import re
@@ -206,6 +210,35 @@ def warn_if_unsandboxed(policy: SandboxPolicy) -> None:
         sentence, complete = describe()
         if not complete:
             warnings.warn(f"sandboxes without a full cgroup: {sentence}", stacklevel=2)
+        if no_user_namespaces_filter() is None:
+            warnings.warn("no seccomp filter (pyseccomp and libseccomp are needed): kernels may make user "
+                          "namespaces of their own", stacklevel=2)
+
+
+CLONE_NEWUSER = 0x10000000
+
+
+@lru_cache(maxsize=1)
+def no_user_namespaces_filter() -> str | None:
+    """The path of a seccomp program (for bwrap's ``--seccomp``) that refuses ``unshare`` and ``clone`` asking for
+    a new user namespace, and ``clone3`` (its flags lie in memory no filter reads; glibc then calls ``clone``).
+    None where libseccomp or its binding is missing (grading then warns)."""
+    try:
+        import pyseccomp as seccomp
+
+        program = seccomp.SyscallFilter(seccomp.ALLOW)
+        for call in ("unshare", "clone"):
+            program.add_rule(seccomp.ERRNO(errno.EPERM), call,
+                             seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+        program.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        folder = tempfile.mkdtemp(prefix="alibi-seccomp-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = os.path.join(folder, "no-user-namespaces.bpf")
+        with open(path, "wb") as out:
+            program.export_bpf(out)
+        return path
+    except (ImportError, OSError, RuntimeError, ValueError):
+        return None
 
 
 def _python_roots() -> list[str]:
@@ -244,7 +277,10 @@ def sandbox_prefix(policy: SandboxPolicy, scratch: Path, uid: int | None = None,
     else:  # an unprivileged grader: bwrap's user namespace has no capability to drop, and drops them all
         namespaces = ["--unshare-all", "--cap-drop", "ALL"]
     tmpfs = ["--size", str(policy.tmp_bytes), "--perms", "1777", "--tmpfs"]
-    cmd = [*join, "bwrap", "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
+    seccomp = no_user_namespaces_filter()
+    # bwrap reads the filter from a descriptor: the shell opens it as 9, then becomes bwrap
+    start = ["sh", "-c", 'exec 9<"$0" && exec "$@"', seccomp, "bwrap", "--seccomp", "9"] if seccomp else ["bwrap"]
+    cmd = [*join, *start, "--tmpfs", "/", "--dev", "/dev", *tmpfs, "/dev/shm", "--proc", "/proc", *tmpfs, "/tmp",
            "--perms", "1777", "--dir", "/var/tmp"]
     made = {"/", "/tmp", "/dev"}
     binds = [(p, p) for p in (*SYSTEM_PATHS, *ETC_FILES, *sorted(_python_roots(), key=len), str(scratch))

@@ -210,6 +210,10 @@ def many(n):
             p.kill()
             p.wait()
 attempt("100 processes", lambda: many(100))
+# a user namespace of its own (where the kernel's code for them is reachable), by the syscall and by unshare(1)
+attempt("user namespace", lambda: subprocess.run(
+    ["python3", "-c", "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000) != 0)"], check=True))
+attempt("unshare --user", lambda: subprocess.run(["unshare", "--user", "true"], check=True, capture_output=True))
 home = {os.path.expanduser("~")!r}
 print("home holds", sorted(os.listdir(home)) if os.path.isdir(home) else [])
 open("scratch_ok.txt", "w").write("fine")
@@ -225,7 +229,7 @@ print("spawned")
     listener.close()
     for what in ("read", "write", "elsewhere", "repo", "network", "memory", "shadow", "fill tmp", "fill shm",
                  "fill dev", "fill scratch", "remount", "write package", "100 processes", "import reference",
-                 "import exercises", "from alibi_ref import get_slopes"):
+                 "import exercises", "from alibi_ref import get_slopes", "user namespace", "unshare --user"):
         assert f"{what} refused" in printed, f"{what}: {printed}"
     assert "capabilities 0000000000000000" in printed, printed
     assert "hidden check ran 22" in printed and f"cases at {SandboxPolicy.cases_path} True" in printed, printed
