@@ -89,7 +89,8 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
         if done.exists() and done.read_text() == submission.digest + submission.graded_under:
             continue  # graded already, and nothing changed since
         _stage(s, submission, releases[submission.assignment])
-        todo.append(submission)
+        if submission.notebooks:  # none readable: its rows are the staged ones, and no worker has anything to run
+            todo.append(submission)
 
     if scheduler:
         from .distributed import run_on_cluster
