@@ -79,8 +79,9 @@ def build(root: Path, exchange: Path | None = None, assignments: tuple[str, ...]
     if exchange is not None:
         config.append(f"c.Exchange.root = {str(exchange)!r}")
     (root / "nbgrader_config.py").write_text("c = get_config()  # noqa: F821\n" + "\n".join(config) + "\n")
+    sources = _source_notebooks()
     for assignment in assignments:
-        notebooks = _source_notebooks()[assignment]
+        notebooks = sources[assignment]
         (root / "source" / assignment).mkdir(parents=True, exist_ok=True)
         for name, nb in notebooks.items():
             nbformat.write(nb, root / "source" / assignment / f"{name}.ipynb")
