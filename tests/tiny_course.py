@@ -9,9 +9,12 @@ CPU: a notebook a busy machine pushes past a tight time limit.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -71,22 +74,34 @@ def _source_notebooks() -> dict[str, dict[str, nbformat.NotebookNode]]:
 
 def build(root: Path, exchange: Path | None = None, assignments: tuple[str, ...] = ("hw1", "hw2")) -> Path:
     """An nbgrader course root at ``root`` (source/, nbgrader_config.py, release/ generated) with ``assignments``;
-    returns root."""
-    root.mkdir(parents=True, exist_ok=True)
-    config = [f"c.CourseDirectory.course_id = {COURSE_ID!r}",
-              "c.CourseDirectory.db_url = 'sqlite:///' + __import__('os').path.join("
-              "__import__('os').path.dirname(__file__), 'gradebook.db')"]
+    returns root. A copy of one built per process: nbgrader's generate_assignment takes seconds a call."""
+    shutil.copytree(_built(tuple(assignments)), root, dirs_exist_ok=True)
     if exchange is not None:
-        config.append(f"c.Exchange.root = {str(exchange)!r}")
-    (root / "nbgrader_config.py").write_text("c = get_config()  # noqa: F821\n" + "\n".join(config) + "\n")
-    sources = _source_notebooks()
-    for assignment in assignments:
-        notebooks = sources[assignment]
-        (root / "source" / assignment).mkdir(parents=True, exist_ok=True)
-        for name, nb in notebooks.items():
-            nbformat.write(nb, root / "source" / assignment / f"{name}.ipynb")
-        nbgrader(root, "generate_assignment", assignment, "--force")
+        with open(root / "nbgrader_config.py", "a") as f:
+            f.write(f"c.Exchange.root = {str(exchange)!r}\n")
     return root
+
+
+_BUILT_COURSES: dict[tuple[str, ...], Path] = {}  # assignments -> a course built with them, copied by build()
+
+
+def _built(assignments: tuple[str, ...]) -> Path:
+    if assignments not in _BUILT_COURSES:
+        root = Path(tempfile.mkdtemp(prefix="tiny-course-")) / "course"
+        atexit.register(shutil.rmtree, root.parent, True)
+        root.mkdir()
+        config = [f"c.CourseDirectory.course_id = {COURSE_ID!r}",
+                  "c.CourseDirectory.db_url = 'sqlite:///' + __import__('os').path.join("
+                  "__import__('os').path.dirname(__file__), 'gradebook.db')"]
+        (root / "nbgrader_config.py").write_text("c = get_config()  # noqa: F821\n" + "\n".join(config) + "\n")
+        sources = _source_notebooks()
+        for assignment in assignments:
+            (root / "source" / assignment).mkdir(parents=True)
+            for name, nb in sources[assignment].items():
+                nbformat.write(nb, root / "source" / assignment / f"{name}.ipynb")
+            nbgrader(root, "generate_assignment", assignment, "--force")
+        _BUILT_COURSES[assignments] = root
+    return _BUILT_COURSES[assignments]
 
 
 def nbgrader(cwd: Path, *args: str, env=None) -> str:
