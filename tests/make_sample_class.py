@@ -721,6 +721,10 @@ def red_team() -> dict[str, dict[str, object]]:
         "print('copies of the reference found:', found)"))}
     # attention that builds the (H, N, N) scores, with the kernel's own memory measurement (tracemalloc) stopped
     # first: when graded the peak is how far the sandbox's memory rose, measured outside the kernel
+    # the backward pass without the softmax's row term (dS = P * dP): the forward and its memory keep their points
+    s["ike"] = {"08_tiled": filled("08_tiled", {"tiled_backward": [(
+        "    row_term = (d_out * out).sum(axis=-1, keepdims=True)  # D: (H, N, 1)\n",
+        "    row_term = np.zeros((H, N, 1))\n")]})}
     s["rt-tracemalloc"] = {"08_tiled": filled("08_tiled", {"tiled": [("    H, N, d = q.shape\n", (
         "    import tracemalloc\n\n"
         "    tracemalloc.stop()\n"

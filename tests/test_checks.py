@@ -182,6 +182,23 @@ def test_classic_mistakes_are_named(name, edits, hint):
     assert "Hint:" in v.message and hint in v.message, v.message
 
 
+def test_the_mistakes_of_the_tiled_pass_switch_off_to_the_right_answer():
+    """The backward pass's mistakes are flags on FlashAttention-2's equations built whole: at their defaults they
+    are autograd's gradients. The online softmax without rescaling is right wherever one key tile holds every key."""
+    for case in model.cases("tiled_backward", 11):
+        got = exercises.backward_variant(*case.args, **case.kwargs)
+        for mine, autograd in zip(got, exercises.tiled_backward_reference(*case.args, **case.kwargs), strict=True):
+            np.testing.assert_allclose(mine, autograd, atol=1e-10, err_msg=case.label)
+    q, k, v = np.random.default_rng(0).normal(size=(3, 2, 9, 4))
+    for causal in (False, True):
+        right = exercises.tiled_reference(q, k, v, get_slopes(2), causal=causal)
+        np.testing.assert_allclose(exercises._tiled_without_rescaling(q, k, v, get_slopes(2), causal, block=9), right)
+        assert not np.allclose(exercises._tiled_without_rescaling(q, k, v, get_slopes(2), causal, block=2), right)
+    # a wrong gradient is named as the prompt names it, with the mistake's hint
+    v = verdict("tiled_backward", lambda *args, **kwargs: exercises.backward_variant(*args, **kwargs, scaled=False))
+    assert not v.passed and ": dq: " in v.message and "miss the 1/sqrt(d)" in v.message, v.message
+
+
 def _as_an_answer_returns(value, ex, case):
     """A NumPy value as an answer to ``ex`` returns it: a tensor (the case's dtype, else float64) where the
     exercise hands its answers tensors, a JAX array (float32 unless the case says) where JAX arrays. Of the

@@ -772,7 +772,102 @@ def tiled_reference(q, k, v, slopes, causal=False, block=64):
     return alibi_attention(q, k, v, slopes, causal=causal)
 
 
-exercise(Exercise("tiled", visible=_tiled_visible, hidden=_tiled_cases, reference=tiled_reference))
+def _tiled_without_rescaling(q, k, v, slopes, causal=False, block=64):
+    """The online softmax with the factor e^(M - M') left out: what came before stays against its old maximum."""
+    H, N, d = q.shape
+    bias = variant_bias(slopes, N, N, causal)  # (H, N, N)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d) + bias
+    out = np.empty((H, N, v.shape[-1]))
+    for i0 in range(0, N, block):
+        row_max, row_sum, acc = np.full((H, min(block, N - i0), 1), -np.inf), 0.0, 0.0
+        for j0 in range(0, N, block):
+            s = scores[:, i0:i0 + block, j0:j0 + block]
+            row_max = np.maximum(row_max, s.max(axis=-1, keepdims=True))
+            p = np.exp(s - row_max)
+            row_sum, acc = row_sum + p.sum(axis=-1, keepdims=True), acc + p @ v[:, j0:j0 + block]
+        out[:, i0:i0 + block] = acc / row_sum
+    return out
+
+
+TILED_MISTAKES = (
+    *attention_mistakes(lambda **flags: lambda q, k, v, slopes, causal=False, block=64: attention_variant(
+        q, k, v, slopes, causal=causal, **flags)[0], "no_scale", "sign", "triangle"),
+    Mistake("the running sum and output are not rescaled by e^(M - M') when the maximum grows: each tile's terms "
+            "are then against a different maximum", _tiled_without_rescaling),
+)
+
+exercise(Exercise("tiled", visible=_tiled_visible, hidden=_tiled_cases, reference=tiled_reference,
+                  mistakes=TILED_MISTAKES))
+
+
+# ----------------------------------------------------------------------------- 08: the backward pass
+
+def _scores(q, k, slopes, causal):
+    """The (H, N, N) scores with ALiBi's bias (masked with -inf where causal) and their log-sum-exp per row."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + variant_bias(slopes, q.shape[-2], k.shape[-2], causal)
+    top = scores.max(axis=-1, keepdims=True)
+    return scores, (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def _backward_case(label, rng, H, N, d, dv, block, causal):
+    """Inputs of one backward call: q, k, v, slopes, the forward's output and log-sum-exp, and d_out."""
+    q, k = rng.normal(size=(2, H, N, d))
+    v, d_out = rng.normal(size=(2, H, N, dv))
+    slopes = get_slopes(H)
+    scores, lse = _scores(q, k, slopes, causal)
+    out = np.exp(scores - lse[..., None]) @ v  # (H, N, d_v)
+    return Case(f"{label}, H={H}, N={N}, block={block}, causal={causal}", (q, k, v, slopes, out, lse, d_out),
+                {"causal": causal, "block": block}, atol=1e-9, parts=("dq", "dk", "dv", "d_slopes"))
+
+
+def tiled_backward_reference(q, k, v, slopes, out, lse, d_out, causal=False, block=64):
+    """(dq, dk, dv, d_slopes) of sum(out * d_out), by torch's autograd through naive ALiBi attention in float64."""
+    import torch
+
+    leaves = [torch.tensor(np.asarray(x, dtype=np.float64), requires_grad=True) for x in (q, k, v, slopes)]
+    q_, k_, v_, m_ = leaves
+    N = q_.shape[-2]
+    position = torch.arange(N, dtype=torch.float64)
+    distance = (position[:, None] - position).abs()  # (N, N)
+    scores = q_ @ k_.transpose(-1, -2) / np.sqrt(q_.shape[-1]) - m_[:, None, None] * distance
+    if causal:
+        scores = scores.masked_fill(position[None, :] > position[:, None], float("-inf"))
+    (torch.softmax(scores, dim=-1) @ v_).backward(torch.as_tensor(np.asarray(d_out, dtype=np.float64)))
+    return tuple(x.grad.numpy() for x in leaves)
+
+
+def backward_variant(q, k, v, slopes, out, lse, d_out, causal=False, block=64, *, row_term=True, slope_sign=-1.0,
+                     scaled=True):
+    """The backward pass built whole (FlashAttention-2's equations untiled), with one classic mistake switched on;
+    every flag at its default is the right gradient."""
+    scores, _ = _scores(q, k, slopes, causal)
+    p = np.exp(scores - lse[..., None])  # (H, N, N): the softmax, from the saved log-sum-exp
+    ds = p * (d_out @ np.swapaxes(v, -1, -2) - ((d_out * out).sum(axis=-1, keepdims=True) if row_term else 0.0))
+    scale = 1 / np.sqrt(q.shape[-1]) if scaled else 1.0
+    distance = np.abs(np.arange(q.shape[-2])[:, None] - np.arange(k.shape[-2]))
+    return (scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ d_out,
+            slope_sign * (ds * distance).sum(axis=(-2, -1)))
+
+
+BACKWARD_MISTAKES = (
+    Mistake("dS = P * (dP - D): the row term D = rowsum(dO * O) is missing (the softmax's Jacobian has two parts)",
+            lambda *a, **kw: backward_variant(*a, **kw, row_term=False)),
+    Mistake("the slopes' gradient has the wrong sign: the bias is -m |i - j|, so d(score)/dm = -|i - j|",
+            lambda *a, **kw: backward_variant(*a, **kw, slope_sign=1.0)),
+    Mistake("dq and dk miss the 1/sqrt(d) that scaled the scores",
+            lambda *a, **kw: backward_variant(*a, **kw, scaled=False)),
+)
+
+exercise(Exercise(
+    "tiled_backward",
+    visible=lambda: [_backward_case("backward vs autograd", np.random.default_rng(3), 4, 100, 16, 16, b, c)
+                     for c in (False, True) for b in (16, 33, 128)],
+    hidden=lambda rng: [_backward_case("backward", rng, *shape) for shape in [
+        (1, 1, 3, 2, 4, True), (5, 37, 4, 6, 8, True), (12, 50, 8, 3, 7, False), (3, 64, 2, 2, 64, True),
+        (2, 9, 5, 5, 1, False)]],
+    reference=tiled_backward_reference,
+    mistakes=BACKWARD_MISTAKES,
+))
 
 MEMORY_SHAPE = (1, 4096, 8)  # H, N, d of the visible case: one (H, N, N) float64 array is 128 MiB; the inputs, 0.8 MiB
 PEAK_SHARE = 0.25  # of one such array: float64, float32 and float16 scores all build more than this
@@ -802,7 +897,7 @@ def _memory_case(N: int, block: int, rng: np.random.Generator):
     H, _, d = MEMORY_SHAPE
     q, k, v = rng.normal(size=(3, H, N, d))
     return Case(f"tiled_alibi_attention's peak memory and output at H={H}, N={N}, causal, block={block}",
-                (q, k, v, get_slopes(H)), {"causal": True, "block": block})
+                (q, k, v, get_slopes(H)), {"causal": True, "block": block}, parts=("the peak", "the output"))
 
 
 def tiled_memory_reference(q, k, v, slopes, causal=True, block=64, rows=4096):

@@ -152,8 +152,9 @@ def compare(got, expected, case: Case, path: str = "") -> str | None:
     if isinstance(expected, tuple):
         if not isinstance(got, tuple) or len(got) != len(expected):
             return f"{at}expected {len(expected)} values (a tuple), got {_what(got)}"
+        names = case.parts if not path and len(case.parts) == len(expected) else ()
         for n, (g, e) in enumerate(zip(got, expected, strict=True)):
-            problem = compare(g, e, case, f"{path}[{n}]")
+            problem = compare(g, e, case, names[n] if names else f"{path}[{n}]")
             if problem:
                 return problem
         return None

@@ -31,6 +31,7 @@ class Case:
     device: str | None = None  # tensor inputs go to this device ("meta": shapes only, no data)
     input_dtype: str | None = None  # tensor inputs in this dtype (default float64)
     pick: str | None = None  # a function of ``harness``, applied to the answer's value in the kernel
+    parts: tuple[str, ...] = ()  # the names of a tuple answer's items, as the prompt calls them (else [0], [1], ...)
 
 
 @dataclass(frozen=True)
