@@ -322,6 +322,16 @@ def test_mha_alibi_built_either_way_earns_the_points_and_its_pitfall_is_named(bu
     assert not v.passed and "boolean mask" in v.message, v.message
 
 
+def test_an_answer_that_raises_is_shown_its_own_line_not_the_libraries(tmp_path):
+    cell = tmp_path / "cell.py"  # a notebook cell's code has a file of its own, as IPython compiles it
+    cell.write_text("import numpy as np\n\ndef paper_slopes(n):\n    return np.ones(n) @ np.ones(n + 1)\n")
+    namespace = {}
+    exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    v = verdict("paper_slopes", namespace["paper_slopes"])
+    assert "raised ValueError: matmul" in v.message, v.message
+    assert "(in paper_slopes, line 4: return np.ones(n) @ np.ones(n + 1))" in v.message, v.message
+
+
 def test_an_answer_that_raises_gets_its_error():
     fn, _ = answer("paper_slopes", ("    def geometric(n):", "    raise RuntimeError('not yet')\n\n"
                                                          "    def geometric(n):"))

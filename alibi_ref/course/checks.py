@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import functools
 import json
+import linecache
 import os
+import sys
+import types
 from collections.abc import Callable
 
 from . import harness
@@ -49,8 +52,56 @@ def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, 
 
     verdict = judge(payload)
     if not verdict.passed:
+        _show_failures_briefly()
         raise CheckFailed(verdict.message)
     print(verdict.message)
+
+
+def _show_failures_briefly() -> None:
+    """In IPython, a failed check shows the test cell's line and the verdict, not this module's frames: IPython
+    keeps the frame that raised whatever ``__tracebackhide__`` says."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and shell.custom_exceptions != (CheckFailed,):
+        shell.set_custom_exc((CheckFailed,), _without_course_frames)
+
+
+def _without_course_frames(shell, etype, value, tb, tb_offset=None):
+    kept = [t for t in _frames(tb) if not _is_library(t.tb_frame.f_code.co_filename)]
+    rebuilt = None
+    for t in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    shell.showtraceback((etype, value, rebuilt), tb_offset=tb_offset)
+
+
+def _frames(tb) -> list:
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    return frames
+
+
+_LIBRARIES = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix, sys.base_prefix,
+                    sys.exec_prefix})  # alibi_ref (or the graded kernel's view of it) and every installed package
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith("<") or os.path.abspath(filename).startswith(_LIBRARIES)
+
+
+def _your_line(tb) -> str | None:
+    """Where the answer's own code was when it raised: the innermost frame outside alibi_ref and the installed
+    packages (a notebook cell, or a script of the student's), as "in name, line n: source"."""
+    yours = [t for t in _frames(tb) if not _is_library(t.tb_frame.f_code.co_filename)]
+    if not yours:
+        return None
+    code, line = yours[-1].tb_frame.f_code, yours[-1].tb_lineno
+    text = linecache.getline(code.co_filename, line).strip()
+    return f"in {code.co_name}, line {line}" + (f": {text[:120]}" if text else "")
 
 
 def run(name: str, answer, seed: int | None = None, device=None) -> dict:
@@ -134,7 +185,8 @@ def _call(answer: Callable, case: dict, spec: dict, device) -> dict:
         return {"value": encode(pick(value) if pick else value), "device": where}
     except Exception as err:  # the answer's own error is a result like any other
         said = str(err)[:300]
-        return {"raised": f"{type(err).__name__}: {said}" if said else type(err).__name__, "device": where}
+        return {"raised": f"{type(err).__name__}: {said}" if said else type(err).__name__, "device": where,
+                "at": _your_line(err.__traceback__)}
 
 
 def _to_torch(x, device, dtype):

@@ -125,7 +125,8 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
         if result["raised"] == "NotImplementedError":  # what the answer cell's stub raises
             return ("raised NotImplementedError, as the answer cell does before it is answered: not answered yet "
                     "(an answer written in another cell is replaced when the answer cell runs after it)")
-        return f"raised {str(result['raised'])[:300]}"
+        at = result.get("at")  # where in the student's own code, as the kernel saw it
+        return f"raised {str(result['raised'])[:300]}" + (f" ({at[:200]})" if isinstance(at, str) and at else "")
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
     got = decode(result["value"])
