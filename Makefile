@@ -24,7 +24,7 @@ demo: $(STAMP) $(SYSTEM) $(KERNEL)
 
 # two pytest-xdist workers, each test file on one: the sample class is graded once for both (tests/conftest.py)
 test: $(STAMP) $(SYSTEM) $(KERNEL) lint
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions
