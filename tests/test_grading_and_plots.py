@@ -130,6 +130,9 @@ def test_the_explorer_keeps_one_colour_scale_across_heads():
     steep = plots.draw_bias_explorer(8, 1, length=16).axes[0].images[0]
     assert gentle.get_clim() == steep.get_clim() == (-15, 0)
     assert plots.shared_scale(np.array([[-3.0, -np.inf]]), np.array([[1.0]])) == {"vmin": -3.0, "vmax": 1.0}
+    # an answer may return a tensor (the check accepts one): NumPy's isfinite on it is a uint8 tensor, not a mask
+    tensor = torch.tensor([[0.0, -1.0], [-float("inf"), -2.0]], requires_grad=True)
+    assert plots.shared_scale(tensor, 2 * tensor) == {"vmin": -4.0, "vmax": 0.0}
 
 
 def test_explorer_refuses_a_head_past_the_last():

@@ -24,7 +24,7 @@ def bias_heatmap(bias, ax=None, *, labels=None, title: str | None = None, vmin=N
     ``vmin``/``vmax`` fix the colour scale: give several heads the same one, or a gentle head and a
     steep one look alike and only their colourbars differ.
     """
-    bias = np.asarray(bias, dtype=np.float64)
+    bias = _as_array(bias)
     if bias.ndim != 2:
         raise ValueError(f"bias_heatmap draws one (q_len, k_len) matrix, got shape {bias.shape}")
     ax = _axes(ax)
@@ -43,8 +43,17 @@ def bias_heatmap(bias, ax=None, *, labels=None, title: str | None = None, vmin=N
 
 def shared_scale(*biases) -> dict:
     """vmin and vmax spanning every finite entry of ``biases``: one colour scale for all of them."""
-    finite = np.concatenate([np.asarray(b, dtype=np.float64)[np.isfinite(b)] for b in biases])
+    arrays = [_as_array(b) for b in biases]
+    finite = np.concatenate([a[np.isfinite(a)] for a in arrays])
     return {"vmin": float(finite.min()), "vmax": float(finite.max())}
+
+
+def _as_array(x) -> np.ndarray:
+    """A NumPy float64 copy of an array or a tensor (on any device, with or without a gradient): NumPy's own
+    functions on a tensor give tensors back (np.isfinite: a uint8 tensor, which then indexes by position)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def draw_bias_explorer(n_heads: int = 8, head: int = 1, max_bias: float = 8.0, length: int = 16,
