@@ -26,12 +26,12 @@ Q, K, V = EXAMPLE.Q, EXAMPLE.K, EXAMPLE.V
 # ----------------------------------------------------------------------------- the mistakes, in one place
 
 def variant_bias(slopes, q_len: int, k_len: int, causal: bool = False, *, sign=-1.0, align="end",
-                 triangle="upper", key_only=False):
+                 triangle="upper", key_only=False, signed=False):
     """The (H, q_len, k_len) bias with one classic mistake switched on; every flag at its default is ALiBi's."""
     slopes = np.asarray(slopes, dtype=np.float64)[:, None, None]  # (H, 1, 1)
     i = np.arange(q_len)[:, None] + (k_len - q_len if align == "end" else 0)  # the queries' positions
     j = np.arange(k_len)[None, :]
-    bias = slopes * j + 0.0 * i if key_only else sign * slopes * np.abs(i - j)
+    bias = slopes * j + 0.0 * i if key_only else sign * slopes * ((i - j) if signed else np.abs(i - j))
     if causal:
         bias = np.where((j > i) if triangle == "upper" else (j < i), -np.inf, bias)
     return bias
@@ -65,6 +65,8 @@ ATTENTION_MISTAKES = {  # name -> (the hint a student reads, the flags of attent
     "start": ("the queries sit at the start of the keys: with fewer queries than keys they are the last positions, "
               "i + (k_len - q_len)", {"align": "start"}),
     "triangle": ("the causal mask hides the wrong triangle: keys j > i are the future", {"triangle": "lower"}),
+    "signed": ("the distance is signed, i - j: keys after the query then get a bonus that grows with distance; "
+               "ALiBi penalises |i - j| both ways (causal rows cannot show it, the symmetric ones do)", {"signed": True}),
     "key_only": ("this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)",
                  {"key_only": True}),
 }
@@ -140,7 +142,7 @@ exercise(Exercise(
     hidden=_bias_cases,
     reference=lambda slopes, q_len, k_len=None, causal=False: alibi_bias(np.asarray(slopes, float), q_len, k_len,
                                                                          causal=causal),
-    mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle"),
+    mistakes=attention_mistakes(_bias_variant, "sign", "start", "triangle", "signed"),
 ))
 
 
@@ -202,7 +204,7 @@ exercise(Exercise(
     hidden=_head_cases,
     reference=alibi_head_reference,
     mistakes=attention_mistakes(lambda **f: lambda q, k, v, m: _head(q, k, v, m, **f),
-                                "no_scale", "bias_scaled", "sign", "axis"),
+                                "no_scale", "bias_scaled", "sign", "axis", "signed"),
     upstream=("softmax",),
 ))
 
