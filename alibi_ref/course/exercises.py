@@ -66,7 +66,8 @@ ATTENTION_MISTAKES = {  # name -> (the hint a student reads, the flags of attent
               "i + (k_len - q_len)", {"align": "start"}),
     "triangle": ("the causal mask hides the wrong triangle: keys j > i are the future", {"triangle": "lower"}),
     "signed": ("the distance is signed, i - j: keys after the query then get a bonus that grows with distance; "
-               "ALiBi penalises |i - j| both ways (causal rows cannot show it, the symmetric ones do)", {"signed": True}),
+               "ALiBi penalises |i - j| both ways (causal rows cannot show it, the symmetric ones do)",
+               {"signed": True}),
     "key_only": ("this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)",
                  {"key_only": True}),
 }
