@@ -63,10 +63,15 @@ def test_release_hides_solutions_and_hidden_tests():
 
 def test_every_cell_is_an_answer_a_test_or_locked():
     """A cell without nbgrader's metadata is neither restored nor checked: a student may edit or delete it and
-    nbgrader never notices. Every cell of the instructor's notebooks says what it is."""
+    nbgrader never notices. Every cell of the instructor's notebooks says what it is; the one kind meant to be
+    neither is a prediction (``"prediction": true``), a guess written before a plot and told right or wrong
+    after it (``alibi_ref.course.predict``), never graded."""
     for path in SOLUTIONS.glob("*.ipynb"):
         for n, cell in enumerate(nbformat.read(path, as_version=4).cells):
             meta = cell.metadata.get("nbgrader", {})
+            if cell.metadata.get("prediction"):
+                assert cell.cell_type == "code" and not meta and "= None" in cell.source, (path.name, n)
+                continue
             assert meta.get("solution") or meta.get("grade") or meta.get("locked") or meta.get("task"), (
                 f"{path.name} cell {n} ({cell.get('id')}) has no nbgrader role")
 
