@@ -725,6 +725,11 @@ def red_team() -> dict[str, dict[str, object]]:
     s["ike"] = {"08_tiled": filled("08_tiled", {"tiled_backward": [(
         "    row_term = (d_out * out).sum(axis=-1, keepdims=True)  # D: (H, N, 1)\n",
         "    row_term = np.zeros((H, N, 1))\n")]})}
+    # a padded batch measured by column index: right where the padding is on the left, wrong where it sits between
+    # a prompt and the tokens generated after it; the rest of 04 keeps its points
+    s["pia"] = {"04_causal": filled("04_causal", {"padded_decode_step": [(
+        "    positions = attention_mask.cumsum(-1) - 1  # (B, T): each real token's place in its own row\n",
+        "    positions = np.arange(attention_mask.shape[-1])[None, :]\n")]})}
     s["rt-tracemalloc"] = {"08_tiled": filled("08_tiled", {"tiled": [("    H, N, d = q.shape\n", (
         "    import tracemalloc\n\n"
         "    tracemalloc.stop()\n"

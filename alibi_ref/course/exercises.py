@@ -400,6 +400,60 @@ exercise(Exercise(
 ))
 
 
+def padded_decode_reference(q_new, K_cache, V_cache, attention_mask, slope):
+    """Each row's decode_step on its real tokens alone (the padding dropped): (B, d_v)."""
+    return np.stack([decode_reference(q, k[real == 1], v[real == 1], slope)
+                     for q, k, v, real in zip(q_new, K_cache, V_cache, np.asarray(attention_mask), strict=True)])
+
+
+def _padded_variant(*, by_column=False, see_padding=False):
+    def padded(q_new, K_cache, V_cache, attention_mask, slope):
+        mask = np.asarray(attention_mask)
+        T = mask.shape[-1]
+        positions = np.broadcast_to(np.arange(T), mask.shape) if by_column else mask.cumsum(-1) - 1
+        scores = (np.einsum("bd,btd->bt", q_new, K_cache) / np.sqrt(q_new.shape[-1])
+                  - slope * (positions[:, -1:] - positions))
+        return np.einsum("bt,btv->bv", softmax(scores if see_padding else np.where(mask == 1, scores, -np.inf)),
+                         V_cache)
+    return padded
+
+
+def _padded_batch(label, rng, rows: list[tuple[int, int, int]], d: int, dv: int, slope: float):
+    """One batch: each row (pads on the left, prompt length, pads on the right before the generated tokens), every
+    row then ending with the same number of generated tokens, the newest last."""
+    generated = 2
+    T = max(left + prompt + right for left, prompt, right in rows) + generated
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for b, (left, prompt, right) in enumerate(rows):
+        lead = T - generated - (left + prompt + right)  # the row's share of the batch's left padding
+        mask[b, lead + left:lead + left + prompt] = 1
+        mask[b, T - generated:] = 1
+    B = len(rows)
+    q, k, v = rng.normal(size=(B, d)), rng.normal(size=(B, T, d)), rng.normal(size=(B, T, dv))
+    return Case(f"padded_decode_step, {label}: attention_mask {mask.tolist()}, slope={slope}", (q, k, v, mask, slope))
+
+
+exercise(Exercise(
+    "padded_decode_step",
+    visible=lambda: [_padded_batch("left padding", np.random.default_rng(4), [(0, 5, 0), (3, 2, 0), (1, 4, 0)], 2, 2,
+                                   0.5),
+                     _padded_batch("right padding before the generated tokens", np.random.default_rng(5),
+                                   [(0, 5, 0), (0, 2, 3), (0, 3, 2)], 2, 2, 0.5)],
+    hidden=lambda rng: [
+        _padded_batch("mixed padding", rng, [(0, 1, 6), (4, 3, 0), (2, 2, 3), (0, 7, 0)], 4, 3, 0.25),
+        _padded_batch("one row", rng, [(0, 3, 4)], 3, 2, 0.0625),
+        _padded_batch("random padding", rng, [tuple(int(n) for n in rng.integers((0, 1, 1), (4, 6, 4)))
+                                              for _ in range(5)], 8, 5, float(rng.choice([0.5, 0.125]))),
+    ],
+    reference=padded_decode_reference,
+    mistakes=(Mistake("the distances count the padding: between a prompt and the tokens generated after it, column "
+                      "indices put the prompt farther away than it is; use each token's place among the real ones, "
+                      "attention_mask.cumsum(-1) - 1", _padded_variant(by_column=True)),
+              Mistake("the padding is attended to: set the scores to -inf where attention_mask is 0",
+                      _padded_variant(see_padding=True))),
+))
+
+
 # ----------------------------------------------------------------------------- 05: schedules
 
 exercise(Exercise(
