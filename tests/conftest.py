@@ -65,10 +65,11 @@ FAST = {"cell_timeout": 10, "timeout": 30, "workers": 2, "progress": False}
 
 
 # the order test files start in under pytest-xdist's loadfile, as collected (the Makefile's --no-loadscope-reorder;
-# xdist would otherwise start the files with the most tests first): each worker starts one file and queues a second,
-# then takes the next as it frees. The sample class first, graded while the other worker runs long files that need
-# no grading; the course-scale file, whose last tests read the graded class, starts second on that worker so that
-# it reaches them after the class is graded; the rest longest first, the browser (which reads it too) late.
+# xdist would otherwise start the files with the most tests first): each worker takes the next file in this order
+# whenever it has two or fewer tests left. The sample class first, graded while the other worker runs long files that
+# need no grading; the course-scale file, whose last tests read the graded class, a few files later, so that it
+# reaches them after the class is graded (a test that reaches the class sooner waits for it); the rest longest
+# first, the browser (which reads the class too) late.
 LONGEST_FIRST = ("test_sample_class.py", "test_fused_paths.py", "test_bench.py", "test_course_scale.py",
                  "test_autograder.py", "test_notebooks.py", "test_jax.py", "test_padding.py", "test_extrapolation.py",
                  "test_checks.py", "test_browser.py")

@@ -551,7 +551,7 @@ try:
 except ImportError as err:
     found["get_slopes"] = str(err)
 from alibi_ref.course import plots
-found["plots"] = repr(plots.bias_heatmap([0.5], 4))
+found["plots"] = repr(plots.bias_heatmap([0.5], 4, **plots.shared_scale([0.5])))
 found["lent"] = sorted(__import__("alibi_ref.course.upstream").course.upstream.LENT) if found[
     "alibi_ref.course.upstream"] else []
 from alibi_ref.course.checks import run

@@ -23,8 +23,9 @@ import functools
 import json
 import linecache
 import os
+import site
 import sys
-import types
+import sysconfig
 from collections.abc import Callable
 
 from . import harness
@@ -32,7 +33,10 @@ from .wire import GRADING_ENV, MIME, call_key, encode, unpack
 
 
 class CheckFailed(AssertionError):
-    pass
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for a failed check: the verdict, which names the case and the mistake, and none of
+        this module's frames (IPython keeps the frame that raised whatever ``__tracebackhide__`` says)."""
+        return [f"CheckFailed: {self}"]
 
 
 def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, **values) -> None:
@@ -52,29 +56,8 @@ def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, 
 
     verdict = judge(payload)
     if not verdict.passed:
-        _show_failures_briefly()
         raise CheckFailed(verdict.message)
     print(verdict.message)
-
-
-def _show_failures_briefly() -> None:
-    """In IPython, a failed check shows the test cell's line and the verdict, not this module's frames: IPython
-    keeps the frame that raised whatever ``__tracebackhide__`` says."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is not None and shell.custom_exceptions != (CheckFailed,):
-        shell.set_custom_exc((CheckFailed,), _without_course_frames)
-
-
-def _without_course_frames(shell, etype, value, tb, tb_offset=None):
-    kept = [t for t in _frames(tb) if not _is_library(t.tb_frame.f_code.co_filename)]
-    rebuilt = None
-    for t in reversed(kept):
-        rebuilt = types.TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
-    shell.showtraceback((etype, value, rebuilt), tb_offset=tb_offset)
 
 
 def _frames(tb) -> list:
@@ -85,8 +68,17 @@ def _frames(tb) -> list:
     return frames
 
 
-_LIBRARIES = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix, sys.base_prefix,
-                    sys.exec_prefix})  # alibi_ref (or the graded kernel's view of it) and every installed package
+def _library_roots() -> tuple[str, ...]:
+    """alibi_ref (or the graded kernel's view of it), the standard library and every folder of installed packages,
+    each ending in a separator (so that /usr is not /usr2); never the root itself."""
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    roots |= {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")}
+    roots.add(site.getusersitepackages())
+    return tuple(os.path.abspath(r).rstrip(os.sep) + os.sep for r in roots if r and os.path.abspath(r) != os.sep)
+
+
+_LIBRARIES = _library_roots()
 
 
 def _is_library(filename: str) -> bool:

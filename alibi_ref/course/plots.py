@@ -52,7 +52,7 @@ def _as_array(x) -> np.ndarray:
     """A NumPy float64 copy of an array or a tensor (on any device, with or without a gradient): NumPy's own
     functions on a tensor give tensors back (np.isfinite: a uint8 tensor, which then indexes by position)."""
     if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu().double().numpy()  # NumPy has no bfloat16
     return np.asarray(x, dtype=np.float64)
 
 
