@@ -26,6 +26,7 @@ import os
 import site
 import sys
 import sysconfig
+import traceback
 from collections.abc import Callable
 
 from . import harness
@@ -60,14 +61,6 @@ def check(name: str, answer=None, /, *, hidden: int | None = None, device=None, 
     print(verdict.message)
 
 
-def _frames(tb) -> list:
-    frames = []
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    return frames
-
-
 def _library_roots() -> tuple[str, ...]:
     """alibi_ref (or the graded kernel's view of it), the standard library and every folder of installed packages,
     each ending in a separator (so that /usr is not /usr2); never the root itself."""
@@ -88,10 +81,10 @@ def _is_library(filename: str) -> bool:
 def _your_line(tb) -> str | None:
     """Where the answer's own code was when it raised: the innermost frame outside alibi_ref and the installed
     packages (a notebook cell, or a script of the student's), as "in name, line n: source"."""
-    yours = [t for t in _frames(tb) if not _is_library(t.tb_frame.f_code.co_filename)]
+    yours = [(frame.f_code, line) for frame, line in traceback.walk_tb(tb) if not _is_library(frame.f_code.co_filename)]
     if not yours:
         return None
-    code, line = yours[-1].tb_frame.f_code, yours[-1].tb_lineno
+    code, line = yours[-1]
     text = linecache.getline(code.co_filename, line).strip()
     return f"in {code.co_name}, line {line}" + (f": {text[:120]}" if text else "")
 

@@ -829,11 +829,17 @@ def tiled_reference(q, k, v, slopes, causal=False, block=64):
     return alibi_attention(q, k, v, slopes, causal=causal)
 
 
+def _scores(q, k, slopes, causal):
+    """The (H, N, N) scores with ALiBi's bias (masked with -inf where causal) and their log-sum-exp per row."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + variant_bias(slopes, q.shape[-2], k.shape[-2], causal)
+    top = scores.max(axis=-1, keepdims=True)
+    return scores, (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
 def _tiled_without_rescaling(q, k, v, slopes, causal=False, block=64):
     """The online softmax with the factor e^(M - M') left out: what came before stays against its old maximum."""
-    H, N, d = q.shape
-    bias = variant_bias(slopes, N, N, causal)  # (H, N, N)
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d) + bias
+    H, N, _ = q.shape
+    scores, _ = _scores(q, k, slopes, causal)  # (H, N, N)
     out = np.empty((H, N, v.shape[-1]))
     for i0 in range(0, N, block):
         row_max, row_sum, acc = np.full((H, min(block, N - i0), 1), -np.inf), 0.0, 0.0
@@ -858,13 +864,6 @@ exercise(Exercise("tiled", visible=_tiled_visible, hidden=_tiled_cases, referenc
 
 
 # ----------------------------------------------------------------------------- 08: the backward pass
-
-def _scores(q, k, slopes, causal):
-    """The (H, N, N) scores with ALiBi's bias (masked with -inf where causal) and their log-sum-exp per row."""
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + variant_bias(slopes, q.shape[-2], k.shape[-2], causal)
-    top = scores.max(axis=-1, keepdims=True)
-    return scores, (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
-
 
 def _backward_case(label, rng, H, N, d, dv, block, causal):
     """Inputs of one backward call: q, k, v, slopes, the forward's output and log-sum-exp, and d_out."""
