@@ -138,7 +138,7 @@ class SandboxedExecute(Execute):
     def run_again(self, nb, resources, helpers: tuple[str, ...], lent: tuple[str, ...] = ()):
         """``nb`` (as it was before it ran) run once more, in a sandbox of its own whose view holds ``helpers`` and
         the reference's ``lent`` upstream answers: the executed notebook, for ``JudgeChecks`` to read the checks
-        judged in that view from."""
+        judged in that view from, and its outcome (a run that ran out of time has the notebook graded again)."""
         grading = importlib.import_module(self.checks_module)
         assignment = resources.get("nbgrader", {}).get("assignment", "")
         key = grading.view_key(helpers, lent)
@@ -149,8 +149,8 @@ class SandboxedExecute(Execute):
             again = SandboxedExecute(parent=self.parent, config=self.config)
             again.fork_kernels = not lent  # a view lent answers serves one run: a zygote would outlast it
             again.forced_view = (key, str(folder))
-            ran, _ = again.preprocess(copy.deepcopy(nb), copy.deepcopy(resources))
-        return ran
+            ran, ran_resources = again.preprocess(copy.deepcopy(nb), copy.deepcopy(resources))
+        return ran, ran_resources["autograder_outcome"]
 
     def preprocess(self, nb, resources, km=None):
         # the assignment's data files (nbgrader copied the instructor's versions next to the notebook), and the

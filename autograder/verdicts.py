@@ -118,7 +118,7 @@ class JudgeChecks(NbGraderPreprocessor):
         views = checks.views_of([c for calls in graded.values() for c in calls]) if run_again else {}
         runs = {seen: nb}  # view key -> the notebook as run in that view
         for key in sorted(set(views.values()) - {seen}):
-            runs[key] = run_again(checks.helpers_in(key))
+            runs[key] = self._ran(run_again(checks.helpers_in(key)), resources)
         # measured outside the kernel (only where the course's measures_memory asks), read in place of what it says
         rises = {(key, i): run.cells[i].metadata.pop(PEAK_RISE, None) for key, run in runs.items() for i in graded}
         verdicts = {}
@@ -129,7 +129,7 @@ class JudgeChecks(NbGraderPreprocessor):
                 verdicts[i, call] = self._verdict(*call, self._payloads(ran, checks), checks,
                                                   not _errors(ran.get("outputs", [])), self._secret, peak_rise=rise)
         if run_again:
-            self._rescue(nb, checks, graded, views, verdicts, run_again)
+            self._rescue(nb, checks, graded, views, verdicts, run_again, resources)
         for cell in nb.cells:  # the values handed back go, checked test cell or not
             cell.outputs = [o for o in cell.get("outputs", []) if not _handed_back(o, checks)]
         for i, calls in graded.items():
@@ -144,7 +144,18 @@ class JudgeChecks(NbGraderPreprocessor):
                                    + [error_output("CheckFailed", v.message) for v in found if not v.passed] + errors)
         return nb, resources
 
-    def _rescue(self, nb, checks, graded, views, verdicts, run_again) -> None:
+    @staticmethod
+    def _ran(run, resources):
+        """The notebook as a run in another view left it. A run that ran out of time makes the whole notebook's
+        outcome a timeout, so that it is graded again alone with scaled limits (timeouts.py): the verdicts that
+        run owed would otherwise be missing, and a busy machine would cost points."""
+        ran, outcome = run
+        if outcome.get("status") == "timeout" and "autograder_outcome" in resources:
+            resources["autograder_outcome"] = {**resources["autograder_outcome"], "status": "timeout",
+                                               "reason": f"in a run in another view: {outcome.get('reason', '')}"}
+        return ran
+
+    def _rescue(self, nb, checks, graded, views, verdicts, run_again, resources) -> None:
         """Judge each failed downstream check again from a run that lends it the reference's version of the upstream
         answers that failed their own checks (``Exercise.upstream``): one mistake costs one exercise. The run's view
         holds those and the check's own helpers, so only this check's verdict is read from it."""
@@ -155,7 +166,7 @@ class JudgeChecks(NbGraderPreprocessor):
             if verdict is not None and not verdict.passed and lent:
                 wanted.setdefault((views.get(call), lent), []).append((i, call))
         for (key, lent), calls in sorted(wanted.items()):
-            rescued = run_again(checks.helpers_in(key), lent)
+            rescued = self._ran(run_again(checks.helpers_in(key), lent), resources)
             for cell in rescued.cells:
                 cell.metadata.pop(PEAK_RISE, None)
             for i, call in calls:

@@ -780,6 +780,39 @@ def test_results_made_with_lent_upstream_answers_count_only_from_a_rescue_run():
         assert verdict.passed == passes, (len(shown), verdict.message)
 
 
+def test_a_rescue_run_that_runs_out_of_time_has_the_notebook_graded_again():
+    """A run in another view (here the rescue run of multi_head, whose alibi_head is wrong) owes verdicts; when it
+    runs out of time they are missing. The notebook's outcome is then a timeout, so the job grades it again alone
+    with limits scaled to the solution's time now (timeouts.py): a busy machine costs time, never points."""
+    from alibi_ref.course import grading
+
+    def wrong_head(Qh, Kh, Vh, slope):
+        return np.zeros((len(Qh), len(Kh))), np.zeros((len(Qh), Vh.shape[1]))
+
+    def multi(Q, K, V, slopes):
+        H = len(slopes)
+        heads = [wrong_head(Q[:, h::H], K[:, h::H], V[:, h::H], m) for h, m in enumerate(slopes)]
+        return np.hstack([o for _, o in heads]), np.stack([w for w, _ in heads])
+
+    cells = [_graded_cell('check("alibi_head", alibi_head)', [_payload_output(run("alibi_head", wrong_head))]),
+             _graded_cell('check("multi_head", multi_head, hidden=4)',
+                          [_payload_output(json.loads(json.dumps(run("multi_head", multi, 4))))])]
+    lent = []
+
+    def run_again(helpers, upstream=()):
+        lent.append(upstream)
+        return nbformat.v4.new_notebook(cells=[_graded_cell(c.source, []) for c in cells]), {
+            "status": "timeout", "reason": "cell 1 ran past its time limit"}
+
+    views = grading.views_of([("alibi_head", None), ("multi_head", 4)])
+    resources = {"autograder_outcome": {"status": "graded", "reason": "", "seconds": 1.0},
+                 "autograder_run_again": run_again, "autograder_view": views["multi_head", 4]}
+    JudgeChecks(checks_module="alibi_ref.course.grading").preprocess(nbformat.v4.new_notebook(cells=cells), resources)
+    assert lent == [("alibi_head",)], lent
+    assert resources["autograder_outcome"]["status"] == "timeout", resources["autograder_outcome"]
+    assert "cell 1 ran past its time limit" in resources["autograder_outcome"]["reason"]
+
+
 def test_the_reference_values_are_computed_once_and_judged_from_the_stored_copy(tmp_path, monkeypatch):
     calls = source_check_calls(Path("solutions/alibi"))
     assert ("paper_slopes", None) in calls and ("mha_alibi_flax", 22) in calls, calls
