@@ -1078,6 +1078,7 @@ exercise(Exercise(
     hidden=_flax_cases,
     reference=_flax_linen_output,
     mistakes=_FLAX_MISTAKES,
+    upstream=("alibi_bias_jax",),
     jax_inputs=True,
 ))
 
@@ -1105,6 +1106,7 @@ exercise(Exercise(
     hidden=lambda rng: [Case(c.label.replace("mha_alibi(", "mha_alibi_nnx("), c.args, atol=1e-6)
                         for c in _flax_cases(rng)],
     reference=_flax_nnx_output,
+    upstream=("alibi_bias_jax",),
     jax_inputs=True,
 ))
 

@@ -45,4 +45,14 @@ def alibi_bias_torch(slopes, q_len, k_len=None, causal=False):
     return bias.masked_fill(j > i, float("-inf")) if causal else bias
 
 
-LENT = {"softmax": softmax, "alibi_head": alibi_head, "alibi_bias_torch": alibi_bias_torch}
+def alibi_bias_jax(slopes, T):
+    """The symmetric (H, T, T) bias -m_h |i - j| as a JAX array in the slopes' dtype; ``T`` static under jit."""
+    import jax.numpy as jnp
+
+    slopes = jnp.asarray(slopes)
+    distance = jnp.abs(jnp.arange(T)[:, None] - jnp.arange(T)[None, :])  # (T, T)
+    return -slopes[:, None, None] * distance.astype(slopes.dtype)
+
+
+LENT = {"softmax": softmax, "alibi_head": alibi_head, "alibi_bias_torch": alibi_bias_torch,
+        "alibi_bias_jax": alibi_bias_jax}
