@@ -725,6 +725,19 @@ def red_team() -> dict[str, dict[str, object]]:
     s["ike"] = {"08_tiled": filled("08_tiled", {"tiled_backward": [(
         "    row_term = (d_out * out).sum(axis=-1, keepdims=True)  # D: (H, N, 1)\n",
         "    row_term = np.zeros((H, N, 1))\n")]})}
+    # the backward by PyTorch's autograd through a naive forward: right on every short case, but at the hidden
+    # N = 32768 its (N, N) weights cannot exist in the sandbox (exercises.HIDDEN_MEMORY_N): MemoryError there
+    s["rt-autograd"] = {"08_tiled": filled("08_tiled", {"tiled_backward": [("    H, N, d = q.shape\n", (
+        "    import torch\n\n"
+        "    leaves = [torch.tensor(np.asarray(x, float), requires_grad=True) for x in (q, k, v, slopes)]\n"
+        "    tq, tk, tv, tm = leaves\n"
+        "    i = torch.arange(q.shape[1], dtype=torch.float64)\n"
+        "    s = tq @ tk.transpose(-1, -2) / q.shape[-1] ** 0.5 - tm[:, None, None] * (i[:, None] - i).abs()\n"
+        "    if causal:\n"
+        "        s = s.masked_fill(i[None, :] > i[:, None], float('-inf'))\n"
+        "    (torch.softmax(s, -1) @ tv).backward(torch.tensor(np.asarray(d_out, float)))\n"
+        "    return tuple(x.grad.numpy() for x in leaves)\n"
+        "    H, N, d = q.shape\n"))]})}
     # a padded batch measured by column index: right where the padding is on the left, wrong where it sits between
     # a prompt and the tokens generated after it; the rest of 04 keeps its points
     s["pia"] = {"04_causal": filled("04_causal", {"padded_decode_step": [(

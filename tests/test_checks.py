@@ -411,7 +411,15 @@ def test_the_right_values_in_every_form_an_honest_answer_returns_them_earn_the_p
                 return returned(value)
 
             v = verdict(name, honest, seed)
+            if form == "nested lists" and any(max(np.shape(x), default=0) > MAX_SEQUENCE for x in _arrays(values)):
+                # past the wire's bound on a list, the feedback says so and what to return instead
+                assert not v.passed and f"at most {MAX_SEQUENCE}: return an array" in v.message, v.message
+                continue
             assert v.passed, (form, seed, v.message)
+
+
+def _arrays(values: dict) -> list:
+    return [x for value in values.values() for x in (value if isinstance(value, tuple) else (value,))]
 
 
 TENSOR_FORMS = {  # what honest torch code hands back: none of it changes the values
@@ -715,6 +723,24 @@ def test_the_hidden_memory_case_cannot_be_built_whole_in_a_graded_kernel():
     q, k, v, slopes = (a[:, :300] if a.ndim == 3 else a for a in case.args)
     _, blocks = exercises.tiled_memory_reference(q, k, v, slopes, causal=True, rows=64)
     np.testing.assert_allclose(blocks, exercises.alibi_attention(q, k, v, slopes, causal=True), atol=1e-13)
+
+
+def test_the_long_backward_case_is_exact_in_its_band_of_keys():
+    """08's backward at the hidden length (where no N x N array fits a graded kernel, as above): its forward and
+    reference weigh only the keys within ``negligible_beyond`` of each query. Banded equals whole, to rounding,
+    at a length where whole fits, causal or not; and the case is drawn at that length with its steep slope."""
+    q, k, v, d_out = np.random.default_rng(5).normal(size=(4, 2, 1500, 8))
+    slopes = np.array([exercises.LONG_BACKWARD_SLOPE, 0.3])
+    window = exercises.negligible_beyond(q, k, slopes)
+    assert window < 1500 / 2, window  # a band, not every key: else this test shows nothing
+    for causal in (True, False):
+        banded = exercises._attention_in_row_blocks(q, k, v, slopes, causal, rows=200, d_out=d_out, window=window)
+        whole = exercises._attention_in_row_blocks(q, k, v, slopes, causal, rows=1500, d_out=d_out)
+        for a, b in zip(banded[:2] + banded[2], whole[:2] + whole[2], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    [case] = model.cases("tiled_backward_long", 1, b"grader's secret")
+    assert case.args[0].shape[1] == exercises.HIDDEN_MEMORY_N and case.kwargs["causal"]
+    assert case.args[5].dtype == np.float64, "the log-sum-exp the answer is handed is float64"
 
 
 def test_the_memory_check_judges_the_peak_the_grader_measured_not_the_kernels():

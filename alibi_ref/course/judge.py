@@ -236,8 +236,15 @@ def _what(x) -> str:
     if isinstance(x, Other):
         return x.what
     if isinstance(x, tuple):
-        return f"a list or tuple of {len(x)} items"
+        inner = _first_other(x)  # what the wire could not carry says more than the list around it
+        return f"a list or tuple of {len(x)} items" + (f", in it {inner.what}" if inner else "")
     return repr(x)[:80]
+
+
+def _first_other(x):
+    if isinstance(x, Other):
+        return x
+    return next((o for o in map(_first_other, x) if o), None) if isinstance(x, tuple) else None
 
 
 class Expect:
