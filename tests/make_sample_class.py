@@ -285,6 +285,21 @@ def honest_but_unusual() -> dict:
         "    if causal:\n"
         "        bias = bias.masked_fill(j > i, float('-inf'))\n"
         "    return bias.to(slopes.dtype)\n"))
+    # the module through her sdpa_alibi, its slopes a float32 buffer left out of state_dict (persistent=False, as
+    # x-transformers keeps its ALiBi bias): still a buffer that moves with the model and is never trained
+    answer(nbs["07_pytorch"], "alibi_module", (
+        "class ALiBiAttention(nn.Module):\n"
+        "    def __init__(self, n_heads):\n"
+        "        super().__init__()\n"
+        "        self.register_buffer('slopes', torch.tensor(get_slopes(n_heads), dtype=torch.float32),\n"
+        "                             persistent=False)\n\n"
+        "    def forward(self, q, k, v, causal=False):\n"
+        "        return sdpa_alibi(q, k, v, self.slopes.to(q.dtype), causal=causal)\n\n"
+        "    def explain(self, q, k, v, i, causal=False):\n"
+        "        n = k.shape[-2]\n"
+        "        content = torch.einsum('hd,hnd->hn', q[0, :, i], k[0]) / q.shape[-1] ** 0.5\n"
+        "        penalty = alibi_bias_torch(self.slopes.to(q.dtype), n, n, causal)[:, i]\n"
+        "        return dict(content=content, penalty=penalty, weights=torch.softmax(content + penalty, -1))\n"))
     # the text says FlexAttention fuses the score_mod under torch.compile: tried in a cell of the student's own
     # (inductor starts a C++ compiler, which grading refuses for a cell: compiled code runs eagerly there)
     flex_demo = next(c for c in nbs["07_pytorch"].cells if "your score_mod inside FlexAttention" in c.source)
@@ -738,6 +753,11 @@ def red_team() -> dict[str, dict[str, object]]:
         "    (torch.softmax(s, -1) @ tv).backward(torch.tensor(np.asarray(d_out, float)))\n"
         "    return tuple(x.grad.numpy() for x in leaves)\n"
         "    H, N, d = q.shape\n"))]})}
+    # 07's module keeps the slopes as an nn.Parameter: moved and saved, but an optimizer would train them; the
+    # hint names it, and the rest of 07 keeps its points
+    s["lev"] = {"07_pytorch": filled("07_pytorch", {"alibi_module": [(
+        '        self.register_buffer("slopes", torch.tensor(get_slopes(n_heads)))\n',
+        '        self.slopes = nn.Parameter(torch.tensor(get_slopes(n_heads)))\n')]})}
     # a padded batch measured by column index: right where the padding is on the left, wrong where it sits between
     # a prompt and the tokens generated after it; the rest of 04 keeps its points
     s["pia"] = {"04_causal": filled("04_causal", {"padded_decode_step": [(

@@ -13,7 +13,14 @@ import numpy as np
 from .. import alibi_attention, alibi_bias, get_slopes, key_only_bias
 from .chapter import multi_head_alibi
 from .examples import cat_sat_on_mat
-from .harness import gradient_of_summed_output, jitted_with_static_length, peak_and_output, score_mod_outputs
+from .harness import (
+    NO_SLOPES_BUFFER,
+    gradient_of_summed_output,
+    jitted_with_static_length,
+    module_facts,
+    peak_and_output,
+    score_mod_outputs,
+)
 from .judge import Expect, compare
 from .model import Case, Exercise, Mistake, exercise
 from .upstream import softmax
@@ -676,6 +683,60 @@ exercise(Exercise(
     torch_inputs=True,
     adapter=gradient_of_summed_output,
     helpers=("get_slopes",),  # in alibi_attention_torch's test cell, which sees it
+))
+
+
+# ----------------------------------------------------------------------------- 07: ALiBi as a module
+
+def module_reference(q, k, v, causal=False, query=0, *, slopes_kept="buffer", **flags):
+    """What ``harness.module_facts`` reports of a right ALiBiAttention with the paper's slopes, or of one with a
+    classic mistake: the slopes kept as a trainable "parameter" or a plain "attribute", or attention_variant's
+    ``flags``. ``explain``: query ``query`` of the first batch item, each (H, k_len)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    H, q_len, k_len = q.shape[1], q.shape[-2], k.shape[-2]
+    slopes = get_slopes(H)
+    out, weights = attention_variant(q, k, v, slopes, causal=causal, **flags)
+    facts = {"trainable parameters": float(H if slopes_kept == "parameter" else 0),
+             "the slopes buffer": slopes if slopes_kept == "buffer" else NO_SLOPES_BUFFER, "output": out}
+    if q_len == k_len:
+        bias_flags = {f: flags[f] for f in ("sign", "triangle") if f in flags}
+        root = np.sqrt(q.shape[-1]) if flags.get("scale", True) else 1.0
+        content = (q[0, :, query, None] @ np.swapaxes(k[0], -1, -2))[:, 0] / root  # (H, 1, d) @ (H, d, k_len)
+        penalty = variant_bias(slopes, q_len, k_len, causal, **bias_flags)[:, query]  # (H, k_len)
+        facts["explain"] = {"content": content, "penalty": penalty, "weights": weights[0, :, query]}
+    return facts
+
+
+def _module_cases(rng):
+    chosen = []
+    for c in _torch_attention_cases(rng):
+        query = int(rng.integers(c.args[0].shape[-2]))  # the row explain is asked about (self-attention cases)
+        chosen.append(Case(f"ALiBiAttention, {c.label}, explain for query {query}", c.args[:3],
+                           {**c.kwargs, "query": query}))
+    return chosen
+
+
+MODULE_MISTAKES = (
+    Mistake("the slopes are an nn.Parameter: the optimizer would train them, and ALiBi's slopes are fixed; keep them "
+            "with register_buffer", lambda *a, **kw: module_reference(*a, **kw, slopes_kept="parameter")),
+    Mistake("the slopes are a plain attribute: .to(device) leaves them behind and state_dict does not save them; "
+            "keep them with register_buffer", lambda *a, **kw: module_reference(*a, **kw, slopes_kept="attribute")),
+    *attention_mistakes(lambda **flags: lambda *a, **kw: module_reference(*a, **kw, **flags), "no_scale", "sign",
+                        "triangle"),
+)
+
+exercise(Exercise(
+    "alibi_module",
+    visible=lambda: [Case(f"ALiBiAttention(2) on the chapter's example, causal={c}, explain for query {i}",
+                          tuple(_split_heads(x) for x in (Q, K, V)), {"causal": c, "query": i})
+                     for c, i in ((False, 2), (True, 4))],
+    hidden=_module_cases,
+    reference=module_reference,
+    mistakes=MODULE_MISTAKES,
+    upstream=("alibi_bias_torch", "alibi_attention_torch"),
+    torch_inputs=True,
+    adapter=module_facts,
+    helpers=("get_slopes",),  # the module keeps the paper's slopes
 ))
 
 

@@ -47,6 +47,23 @@ def gradient_of_summed_output(answer, q, k, v, slopes, causal=False):
     return grad
 
 
+NO_SLOPES_BUFFER = "no buffer named slopes"  # what module_facts reports where the module keeps none
+
+
+def module_facts(answer, q, k, v, causal=False, query=0):
+    """Kernel side: the student's module class built for q's heads, moved to q's device as a model is, and
+    called: its trainable parameters, its slopes buffer, its output, and (where q_len = k_len) what its
+    ``explain`` says of one query."""
+    module = answer(q.shape[1]).to(q.device)
+    buffers = dict(module.named_buffers())
+    facts = {"trainable parameters": float(sum(p.numel() for p in module.parameters() if p.requires_grad)),
+             "the slopes buffer": buffers["slopes"] if "slopes" in buffers else NO_SLOPES_BUFFER,
+             "output": module(q, k, v, causal=causal)}
+    if q.shape[-2] == k.shape[-2]:
+        facts["explain"] = module.explain(q, k, v, query, causal=causal)
+    return facts
+
+
 def jitted_with_static_length(answer, slopes, T):
     """Kernel side: the answer compiled with ``jax.jit``, the length static (it sets a shape), as a model uses it."""
     import jax

@@ -45,6 +45,20 @@ def alibi_bias_torch(slopes, q_len, k_len=None, causal=False):
     return bias.masked_fill(j > i, float("-inf")) if causal else bias
 
 
+def alibi_attention_torch(q, k, v, slopes, causal=False):
+    """Batched ALiBi attention (B, H, q_len, d) -> (B, H, q_len, d_v) in the inputs' dtype, on their device."""
+    import torch
+
+    slopes = torch.as_tensor(np.asarray(slopes.cpu() if torch.is_tensor(slopes) else slopes, dtype=np.float64))
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    i = torch.arange(k_len - q_len, k_len)[:, None]  # the queries' positions, aligned to the end of the keys
+    j = torch.arange(k_len)[None, :]
+    bias = -slopes[:, None, None] * (i - j).abs()  # (H, q_len, k_len)
+    bias = bias.masked_fill(j > i, float("-inf")) if causal else bias
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias.to(q.dtype).to(q.device)
+    return torch.softmax(scores, dim=-1) @ v
+
+
 def alibi_bias_jax(slopes, T):
     """The symmetric (H, T, T) bias -m_h |i - j| as a JAX array in the slopes' dtype; ``T`` static under jit."""
     import jax.numpy as jnp
@@ -55,4 +69,4 @@ def alibi_bias_jax(slopes, T):
 
 
 LENT = {"softmax": softmax, "alibi_head": alibi_head, "alibi_bias_torch": alibi_bias_torch,
-        "alibi_bias_jax": alibi_bias_jax}
+        "alibi_attention_torch": alibi_attention_torch, "alibi_bias_jax": alibi_bias_jax}
