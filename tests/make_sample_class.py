@@ -28,7 +28,7 @@ def _solution_sources(name: str) -> dict[str, str]:
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution"):
-            text = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", "", cell.source, flags=re.M)
+            text = re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", "", cell.source, flags=re.M)
             sources[meta["grade_id"]] = text
     return sources
 
@@ -319,6 +319,17 @@ def honest_but_unusual() -> dict:
         "            best, best_ppl = method, late\n"
         "    return at['alibi'][1] / at['alibi'][0], at['sinusoidal'][1] / at['sinusoidal'][0], best\n\n\n"
         "alibi_ratio, sinusoidal_ratio, best_at_8L = read_results(results)\n"))
+    # each head by a loop over the rows, the batch dimensions flattened first
+    answer(nbs["09_train_short_test_long"], "mean_lookback", (
+        "import numpy as np\n\n\n"
+        "def mean_lookback(weights):\n"
+        "    w = np.asarray(weights)\n"
+        "    H, N = w.shape[-3], w.shape[-1]\n"
+        "    w = w.reshape(-1, H, N, N)\n"
+        "    total = np.zeros(H)\n"
+        "    for i in range(N):\n"
+        "        total += (w[:, :, i, : i + 1] * (i - np.arange(i + 1))).sum(axis=(0, 2))\n"
+        "    return total / (len(w) * N)\n"))
     # the legacy PRNGKey, a batch axis added and removed, slopes and bias in NumPy, a named closure
     answer(nbs["10_jax_flax"], "mha_alibi", (
         "import functools\n\n\n"
@@ -381,7 +392,9 @@ def attacks() -> dict:
         # the numbers copied from the printed table
         "09_train_short_test_long": filled("09_train_short_test_long", {"read_results": [(
             "    L = results[\"settings\"][\"context\"]\n",
-            "    return 1.05, 9.9, \"alibi\"\n")]}),
+            "    return 1.05, 9.9, \"alibi\"\n")], "mean_lookback": [(
+            "    weights = np.asarray(weights, dtype=np.float64)\n",
+            "    return np.array([0.0, 5 / 6, 1.5])  # the first visible case's answer, from its label\n")]}),
     }
 
 
@@ -758,6 +771,10 @@ def red_team() -> dict[str, dict[str, object]]:
     s["lev"] = {"07_pytorch": filled("07_pytorch", {"alibi_module": [(
         '        self.register_buffer("slopes", torch.tensor(get_slopes(n_heads)))\n',
         '        self.slopes = nn.Parameter(torch.tensor(get_slopes(n_heads)))\n')]})}
+    # 09's lookback averages each row's weighted distances over the keys (a mean: divided by N again)
+    s["nia"] = {"09_train_short_test_long": filled("09_train_short_test_long", {"mean_lookback": [(
+        "    per_row = (weights * distance).sum(axis=-1)  # (..., H, N)\n",
+        "    per_row = (weights * distance).mean(axis=-1)  # (..., H, N)\n")]})}
     # a padded batch measured by column index: right where the padding is on the left, wrong where it sits between
     # a prompt and the tokens generated after it; the rest of 04 keeps its points
     s["pia"] = {"04_causal": filled("04_causal", {"padded_decode_step": [(

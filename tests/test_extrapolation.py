@@ -64,6 +64,27 @@ def test_alibi_model_is_causal():
     torch.testing.assert_close(model(idx)[0, :7], model(changed)[0, :7])
 
 
+@pytest.mark.parametrize("method", ["alibi", "rotary", "none"])
+def test_the_attention_weights_read_out_are_the_ones_each_block_attends_with(method):
+    """TinyLM.attention_weights, the instrument 09's experiment reads heads with: each block's weights times its
+    values are the attention the block computes (its fused path for ALiBi), causal, rows summing to 1."""
+    s = Settings(context=8, d_model=16, n_head=4, n_layer=2)
+    torch.manual_seed(0)
+    model = TinyLM(s, method).eval()
+    idx = torch.randint(0, 256, (2, 11))
+    weights = model.attention_weights(idx)
+    x = model.embedded(idx)
+    with torch.no_grad():
+        for block, w in zip(model.blocks, weights, strict=True):
+            assert w.shape == (2, 4, 11, 11) and bool((w.triu(1) == 0).all())
+            torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 11))
+            _, _, v = block.heads(block.ln1(x))
+            expected = block.attention(block.ln1(x))
+            got = block.proj((w @ v).transpose(1, 2).reshape(x.shape))
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            x = block(x)
+
+
 def test_perplexity_of_a_uniform_model_is_256():
     class Uniform(torch.nn.Module):
         def eval(self):

@@ -133,6 +133,10 @@ def test_unfilled_release_earns_nothing_and_runs_cleanly_up_to_the_first_answer(
             )
 
 
+# Checks whose hidden draws differ only in random values at one long length (N = 32768, seconds each): one
+# draw says what several would, so they replay with the first secret alone
+ONE_DRAW = {"tiled_memory", "tiled_backward_long"}
+
 # Run after a solution notebook, in its kernel: each hidden check of its test cells again, with the
 # cases drawn from several graders' secrets, judged as the grader judges (no exercise's draw may fail it)
 REPLAY_WITH_SECRETS = """
@@ -148,7 +152,7 @@ def check(name, answer=None, /, *, hidden=None, device=None, **values):
     if hidden is None:
         return
     call = answer if answer is not None else functools.partial(checks._look_up, values)
-    for secret in SECRETS:
+    for secret in SECRETS[:1] if name in ONE_DRAW else SECRETS:
         spec = json.loads(json.dumps(model.kernel_cases(name, hidden, secret)))  # what a graded kernel reads
         if any(case["device"] == "meta" for case in spec["cases"]):
             checks._warm_up_meta()
@@ -172,7 +176,7 @@ def test_solution_earns_full_marks_and_passes_its_hidden_checks_whatever_the_gra
               if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
     test_cells = [nb.cells[i].source.replace("from alibi_ref.course.checks import check\n", "") for i in graded]
     secrets = [bytes(range(i, i + 32)) for i in (1, 77, 190)]
-    nb.cells += [nbformat.v4.new_code_cell(f"SECRETS = {secrets!r}\n" + REPLAY_WITH_SECRETS),
+    nb.cells += [nbformat.v4.new_code_cell(f"SECRETS = {secrets!r}\nONE_DRAW = {ONE_DRAW!r}\n" + REPLAY_WITH_SECRETS),
                  *map(nbformat.v4.new_code_cell, test_cells),
                  nbformat.v4.new_code_cell("print(json.dumps([_replayed, _failed]))")]
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
@@ -181,8 +185,9 @@ def test_solution_earns_full_marks_and_passes_its_hidden_checks_whatever_the_gra
     assert scores and all(got == most > 0 for got, most in scores.values()), f"{name}: solution lost points: {scores}"
     printed = "".join(o.text for o in nb.cells[-1].outputs if o.output_type == "stream" and o.name == "stdout")
     replayed, failed = json.loads(printed)
-    hidden = sum(seed is not None for source in test_cells for _, seed in check_calls(source))
-    assert replayed == hidden * len(secrets) > 0 and not failed, failed
+    draws = sum((1 if exercise in ONE_DRAW else len(secrets)) for source in test_cells
+                for exercise, seed in check_calls(source) if seed is not None)
+    assert replayed == draws > 0 and not failed, failed
 
 
 @pytest.mark.parametrize("folder", [SOLUTIONS, RELEASE], ids=["solutions", "course"])

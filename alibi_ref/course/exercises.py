@@ -1129,6 +1129,61 @@ exercise(Exercise(
 ))
 
 
+# ----------------------------------------------------------------------------- 09: how far each head looks
+
+def mean_lookback_reference(weights, *, sign=1.0, over_keys=np.sum):
+    """Each head's mean distance looked back, (H,): sum_j w_ij (i - j) for each query row i, averaged over the
+    rows (and any batch dimensions in front). ``sign`` -1 measures j - i; ``over_keys`` np.mean divides by N."""
+    w = np.asarray(weights, dtype=np.float64)  # (..., H, N, N)
+    N = w.shape[-1]
+    distance = sign * (np.arange(N)[:, None] - np.arange(N)[None, :])  # (N, N): i - j
+    per_row = over_keys(w * distance, axis=-1)  # (..., H, N)
+    return np.moveaxis(per_row, -2, 0).reshape(w.shape[-3], -1).mean(axis=1)
+
+
+def _causal_weights(rng, shape, slopes):
+    """Causal attention weights (*shape, N, N) with heads that reach differently: random content, ALiBi's bias."""
+    *front, H, N = shape
+    scores = rng.normal(size=(*front, H, N, N)) + variant_bias(slopes, N, N, causal=True)
+    return softmax(scores)
+
+
+def _looking_back(N, distances):
+    """(H, N, N) weights, head h putting all of row i on key max(i - distances[h], 0)."""
+    rows = np.arange(N)
+    weights = np.zeros((len(distances), N, N))
+    for h, t in enumerate(distances):
+        weights[h, rows, np.maximum(rows - t, 0)] = 1.0
+    return weights
+
+
+def _lookback_cases(rng):
+    chosen = []
+    for shape in [(4, 12), (2, 3, 9), (1, 1), (6, 40), (2, 2, 5, 7)]:
+        slopes = rng.uniform(0.01, 2.0, size=shape[-2])
+        chosen.append(Case(f"mean_lookback of causal weights of shape {(*shape, shape[-1])}",
+                           (_causal_weights(rng, shape, slopes),), atol=1e-9))
+    return chosen
+
+
+exercise(Exercise(
+    "mean_lookback",
+    visible=lambda: [Case("mean_lookback of 3 heads that each look back 0, 1 and 2 tokens where the row allows "
+                          "(N = 6: 0, 5/6 and 9/6)", (_looking_back(6, (0, 1, 2)),), atol=1e-12),
+                     Case("mean_lookback of a batch of causal weights (2, 4, 16, 16)",
+                          (_causal_weights(np.random.default_rng(9), (2, 4, 16), get_slopes(4)),), atol=1e-9)],
+    hidden=_lookback_cases,
+    reference=mean_lookback_reference,
+    mistakes=(
+        Mistake("the distance is j - i, which is negative for every key before the query: a head looking back "
+                "looks back i - j tokens", lambda w: mean_lookback_reference(w, sign=-1.0)),
+        Mistake("each row's weighted distances are averaged over the keys (a mean, divided by N again): the "
+                "weights already sum to 1, so a row's mean distance is their weighted sum",
+                lambda w: mean_lookback_reference(w, over_keys=np.mean)),
+    ),
+))
+
+
 # ----------------------------------------------------------------------------- 10: JAX and Flax
 
 def seed_slopes(n_heads: int) -> np.ndarray:

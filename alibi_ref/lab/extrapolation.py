@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import alibi_attention
+from ..bias import alibi_bias
 from ..slopes import get_slopes
 from .figures import table  # noqa: F401  (the results' text table lives with their plots, free of torch)
 
@@ -98,16 +99,32 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(s.d_model, 4 * s.d_model), nn.GELU(), nn.Linear(4 * s.d_model, s.d_model))
         self.register_buffer("slopes", torch.tensor(get_slopes(s.n_head), dtype=torch.float32), persistent=False)
 
-    def attention(self, x):
+    def heads(self, x):
+        """q, k, v of ``x`` (B, T, C), each (B, nh, T, hs), rotated where the method is rotary."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
         if self.method == "rotary":
             q, k = rotate(q), rotate(k)
+        return q, k, v
+
+    def attention(self, x):
+        q, k, v = self.heads(x)
         if self.method == "alibi":
             y = alibi_attention(q, k, v, self.slopes, causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+        return self.proj(y.transpose(1, 2).reshape(x.shape))  # (B, T, C)
+
+    def attention_weights(self, x) -> torch.Tensor:
+        """(B, nh, T, T): the weights this block's attention gives ``x`` (the block's input), built whole, for
+        reading what each trained head looks at."""
+        q, k, _ = self.heads(self.ln1(x))
+        T = x.shape[1]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+        if self.method == "alibi":
+            scores = scores + alibi_bias(self.slopes, T, T, causal=True).to(scores.dtype)
+        return scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf")
+                                  ).softmax(dim=-1)
 
     def forward(self, x):
         x = x + self.attention(self.ln1(x))
@@ -133,6 +150,22 @@ class TinyLM(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embedded(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.embed.weight.T  # (B, T, 256), weights tied
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Each block's attention weights on ``idx``, (B, nh, T, T) per block: what the trained heads look at."""
+        x, weights = self.embedded(idx), []
+        for block in self.blocks:
+            weights.append(block.attention_weights(x))
+            x = block(x)
+        return weights
+
+    def embedded(self, idx: torch.Tensor) -> torch.Tensor:
+        """The first block's input (B, T, C): tokens, and positions where the method adds them."""
         T = idx.shape[1]
         # token embeddings scaled by sqrt(d), as in the original Transformer and fairseq's LM (the paper's
         # code base): otherwise a sinusoidal encoding of size ~1 drowns the small initial embeddings
@@ -143,9 +176,7 @@ class TinyLM(nn.Module):
             x = x + self.position(torch.arange(T, device=idx.device))
         elif self.method == "sinusoidal":
             x = x + sinusoidal(T, x.shape[-1], idx.device)
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_f(x) @ self.embed.weight.T  # (B, T, 256), weights tied
+        return x
 
 
 # ----------------------------------------------------------------------------- train and evaluate
