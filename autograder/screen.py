@@ -108,6 +108,13 @@ def _imported_names(tree: ast.AST) -> set[str]:
     return names
 
 
+def imported_names(nb) -> set[str]:
+    """The top-level names of the absolute imports in the notebook's code cells (``numpy`` for
+    ``from numpy.linalg import norm``)."""
+    trees = (_parse(cell) for cell in nb.cells if cell.cell_type == "code")
+    return set().union(*(_imported_names(tree) for tree in trees if tree is not None))
+
+
 def run_scripts(nb) -> tuple[set[str], set[str]]:
     """What the notebook's ``%run`` lines run: (scripts by file name, ``%run helpers.py`` or ``%run -i
     helpers``, as module names; modules by name, ``%run -m helpers``). A script is looked for in the
@@ -141,9 +148,7 @@ def imported_modules(nb, sources: dict[str, str]) -> dict[str, str]:
     module some installed package looks for by name would."""
     scripts, by_name = run_scripts(nb)
     wanted = scripts | {name.split(".")[0] for name in by_name}
-    for cell in nb.cells:
-        tree = _parse(cell) if cell.cell_type == "code" else None
-        wanted |= _imported_names(tree) if tree is not None else set()
+    wanted |= imported_names(nb)
     found, todo = {}, sorted(wanted)
     while todo:
         package = todo.pop()

@@ -196,6 +196,9 @@ def honest_but_unusual() -> dict:
     """Correct answers written the way students write them: loops, float32, torch where NumPy was asked,
     extra imports and output, local helpers, reused names, the old import name. Full marks everywhere."""
     nbs = {name: filled(name) for name in NOTEBOOKS}
+    # what her kernel holds before any cell of 01 runs: a notebook that never imports torch is not handed it
+    nbs["01_slopes_and_bias"].cells.insert(1, nbformat.v4.new_code_cell(
+        "import sys\n\nprint('torch before any cell:', 'torch' in sys.modules)", id="own-what-is-loaded"))
     answer(nbs["01_slopes_and_bias"], "paper_slopes", (
         "import math\nimport sys\nimport warnings\n\nprint('note: computing slopes', file=sys.stderr)\n\n\n"
         "def paper_slopes(n_heads, max_bias=8.0):\n"

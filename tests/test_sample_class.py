@@ -71,6 +71,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     # a module handed in beside the notebook that runs the reference in another Python: that Python has none either
     assert reasons["ora", "04_causal"].startswith("failed test_decode_step (CheckFailed: decode_step")
     # quinn's own torch.compile call ran (eagerly: no compiler's process per kernel), and printed
+    # the zygote preloads what its first notebook imports: 01 imports no torch, and its kernel holds none
+    assert "torch before any cell: False" in (out / "feedback" / "quinn" / "01_slopes_and_bias.html").read_text()
     quinn = (out / "feedback" / "quinn" / "07_pytorch.html").read_text()
     assert "compiled: " in quinn and "InductorError" not in quinn
     assert "put back deleted cells: test_paper_slopes" in reasons["sam", "01_slopes_and_bias"]
