@@ -23,6 +23,7 @@ c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".exc
 c.JudgeChecks.checks_module = "alibi_ref.course.grading"
 
 # the autograder forks each notebook's kernel from a zygote in the student's sandbox that has already
-# imported these (autograder/zygote.py): paid once per student instead of once per notebook
+# imported these, those the first notebook it serves imports (autograder/zygote.py): paid once per student
+# instead of once per notebook
 c.SandboxedExecute.preload = ["numpy", "torch", "matplotlib.pyplot", "matplotlib_inline.backend_inline", "ipywidgets",
                               "alibi_ref.course"]

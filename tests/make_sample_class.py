@@ -92,9 +92,11 @@ def students() -> dict[str, dict[str, object]]:
          '    import time\n\n    while True:\n        print(f"still looking for {n_heads}\\n" * 1000, end="")\n'
          '        time.sleep(0.01)\n')]})}
     # a loop that swallows the interrupt: stopped at the notebook limit
+    # (asleep in its loop: what is tested is the interrupt it swallows, and a busy loop would only take a CPU from
+    # the rest of the suite for the notebook limit, twice)
     s["jay"] = {"03_slope_zero": filled("03_slope_zero", {"standard_attention": [
-        ("    d_k, d_v =", "    while True:\n        try:\n            pass\n        except KeyboardInterrupt:\n"
-                         "            pass\n    d_k, d_v =")]})}
+        ("    d_k, d_v =", "    import time\n\n    while True:\n        try:\n            time.sleep(0.05)\n"
+                         "        except KeyboardInterrupt:\n            pass\n    d_k, d_v =")]})}
     # a wrong answer behind an edited test cell, and a deleted test cell
     jon = filled("01_slopes_and_bias", {"paper_slopes": [
         ("    p = 2 ** int", "    return np.zeros(n_heads)\n    p = 2 ** int")]})
