@@ -179,6 +179,18 @@ def test_a_course_that_is_not_there_says_what_was_expected(tmp_path):
 
 # ----------------------------------------------------------------------------- a real Dask cluster
 
+def _scheduler_address(info: Path, deadline: float) -> str:
+    """The address in the scheduler's file once it is whole: the scheduler creates the file before it writes the
+    JSON, so a file that exists can still be empty or half written."""
+    while True:
+        try:
+            return json.loads(info.read_text())["address"]
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def dask_cluster(tmp_path):
     """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1, each worker one thread
@@ -199,10 +211,7 @@ def dask_cluster(tmp_path):
     try:
         start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
               "--scheduler-file", str(info))
-        deadline = time.monotonic() + 60
-        while not info.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        address = json.loads(info.read_text())["address"]
+        address = _scheduler_address(info, deadline=time.monotonic() + 60)
         for name in ("w1", "w2"):
             start(name, "worker", address, "--name", name, "--nthreads", "1", "--resources", "sandbox=1",
                   "--no-dashboard", "--local-directory", str(tmp_path / name))
