@@ -43,32 +43,6 @@ NOTEBOOKS = sorted(p.stem for p in RELEASE.glob("*.ipynb"))
 
 
 
-@needs_bwrap
-def test_a_busy_machine_costs_time_not_points(tmp_path):
-    """An honest notebook graded with a third of a CPU, under limits an idle machine meets and that share does
-    not, gets its points: it runs out of time, and is graded again with limits scaled to what the solution takes
-    then (timeouts.py), however far past the limits given. (A loop runs out of time again: ivy, in the sample
-    class.) A CPU quota, unlike a CPU hog, makes the same machine for this test whatever else runs. On the tiny
-    course: the rule is the grader's, not the ALiBi course's."""
-    busy = SandboxCgroup.cpu_share(1 / 3)
-    if busy is None:
-        pytest.skip("this process may make no cgroup with a CPU quota")
-    course = tiny_course.build(tmp_path / "tiny", assignments=("busy",))
-    release = course / "release" / "busy" / "sums.ipynb"
-    (tmp_path / "in" / "honest").mkdir(parents=True)
-    nbformat.write(tiny_course.answer(release, tiny_course.ANSWERS), tmp_path / "in" / "honest" / "sums.ipynb")
-    try:  # 1 s of one CPU is 3 s with a third: past a 1 s cell limit on a machine three times as fast
-        subprocess.run([*busy.join_prefix(), sys.executable, "-m", "autograder", "grade", str(tmp_path / "in"),
-                        "--output", str(tmp_path / "out"), "--course", str(course), "--cell-timeout", "1",
-                        "--timeout", "5", "--workers", "1", "--no-progress"], cwd=ROOT, check=True,
-                       capture_output=True)
-    finally:
-        busy.close()
-    [got] = csv_rows(tmp_path / "out" / "grades.csv")
-    assert (float(got["score"]), got["status"]) == (1.0, "graded"), got
-    assert "graded again on its own after running out of time" in got["reason"], got
-
-
 # ----------------------------------------------------------------------------- resume after an interruption
 
 @needs_bwrap

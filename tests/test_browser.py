@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import prepared_like
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "browser-screenshots"
@@ -102,7 +103,7 @@ def _dismiss_popups(page) -> None:
         no.first.click()
 
 
-def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
+def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page, graded_sample_class):
     """A student answers two exercises (one right, one with a classic mistake), sees the checks' verdicts,
     validates, and grading the saved notebook gives the same verdicts."""
     page = browser_page
@@ -204,6 +205,7 @@ def test_student_runs_answers_and_validates_a_notebook(tmp_path, browser_page):
     submitted = tmp_path / "submissions" / "student"
     submitted.mkdir(parents=True)
     shutil.copy(tmp_path / "course" / "alibi" / "01_slopes_and_bias.ipynb", submitted)
+    prepared_like(graded_sample_class[0], tmp_path / "grading")
     grade(tmp_path / "submissions", tmp_path / "grading", cell_timeout=20, timeout=60, workers=1, progress=False)
     with open(tmp_path / "grading" / "grades.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["notebook"] == "01_slopes_and_bias")

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import tiny_course
-from conftest import FAST, csv_rows, needs_bwrap
+from conftest import FAST, csv_rows, needs_bwrap, prepared_like
 
 from autograder.grade import grade
 
@@ -269,9 +269,7 @@ def test_the_sample_class_graded_on_dask_into_postgresql_matches_local_sqlite(gr
             copy = shutil.copytree if handed_in.is_dir() else shutil.copy
             copy(handed_in, submissions / handed_in.name)
     out = tmp_path / "out"
-    # the local run's secret, so that the same hidden cases are drawn: the workers get it with the course
-    (out / "state").mkdir(parents=True)
-    shutil.copy(local_out / "state" / "hidden-cases.key", out / "state" / "hidden-cases.key")
+    prepared_like(local_out, out)  # the same hidden cases: the workers get the secret with the course
     grade(submissions, out, db=url, scheduler=address, **FAST)
     assert _without_retry_notes(csv_rows(out / "grades.csv")) == _without_retry_notes(local_rows)
     # nbgrader's own export of the gradebook agrees too, and the feedback pages are there

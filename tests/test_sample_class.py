@@ -5,12 +5,16 @@ import csv
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import nbformat
-from conftest import FAST, csv_rows, needs_bwrap
+import pytest
+from conftest import FAST, csv_rows, needs_bwrap, prepared_like
 
+from autograder.cgroup import SandboxCgroup
 from autograder.grade import grade
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,3 +239,39 @@ def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_cla
     for student, total in report.totals().items():
         if student != "ada":
             assert float(by_student[student]["alibi total"]) == total, student
+
+
+# what a busy machine changes in a reason, not in a grade (timeouts.note_retry)
+RETRIED = "graded again on its own after running out of time on a busy machine"
+UNDER_LOAD = ("quinn", "wes")  # honest, with a note on stderr; an attack whose table misses the secret-drawn cases
+
+
+@needs_bwrap
+def test_part_of_the_class_under_half_a_cpu_gets_expected_csv(graded_sample_class, tmp_path):
+    """Load costs time, never points: two students' first notebook graded with half a CPU and a 1 s limit for
+    the whole notebook get exactly their rows of expected.csv: quinn's honest notebook runs out of time and is
+    graded again with limits scaled to what the solution takes then (timeouts.py); wes's attack still misses.
+    (A loop runs out of time again: ivy, in the class above.) A CPU quota, unlike a CPU hog, makes the same
+    machine for this test whatever else runs."""
+    busy = SandboxCgroup.cpu_share(1 / 2)
+    if busy is None:
+        pytest.skip("this process may make no cgroup with a CPU quota")
+    notebook, out = "01_slopes_and_bias", tmp_path / "out"
+    for student in UNDER_LOAD:  # copies: grading follows no link
+        (tmp_path / "in" / student / "alibi").mkdir(parents=True)
+        shutil.copy(SAMPLE / "submissions" / student / "alibi" / f"{notebook}.ipynb",
+                    tmp_path / "in" / student / "alibi")
+    prepared_like(graded_sample_class[0], out)
+    try:
+        subprocess.run([*busy.join_prefix(), sys.executable, "-m", "autograder", "grade", str(tmp_path / "in"),
+                        "--output", str(out), "--cell-timeout", "1", "--timeout", "1", "--workers", "2",
+                        "--no-progress"], cwd=ROOT, check=True, capture_output=True)
+    finally:
+        busy.close()
+    expected = {r["student"]: r for r in csv_rows(SAMPLE / "expected.csv")
+                if r["student"] in UNDER_LOAD and r["notebook"] == notebook}
+    got = {r["student"]: r for r in csv_rows(out / "grades.csv") if r["notebook"] == notebook}
+    assert {s: (float(r["score"]), r["status"]) for s, r in got.items()} == {
+        s: (float(r["score"]), r["status"]) for s, r in expected.items()}, got
+    # quinn's notebook takes 2.6 s of one CPU: past the limit at any share (wes's fails fast, within it or not)
+    assert RETRIED in got["quinn"]["reason"], f"quinn was not graded again: {got['quinn']['reason']}"
