@@ -57,6 +57,19 @@ class Course:
                                     f"it has {', '.join(found) or 'none'}")
         return cls(source=source, course_id=course_id, assignments=chosen, config_file=config_file)
 
+    def root_files(self) -> list[str]:
+        """The files of the course root its configuration names by a path relative to the root, as nbgrader reads
+        them (it works in the course root): the header and footer notebooks (``nbgrader quickstart`` writes
+        ``c.IncludeHeaderFooter.header = "source/header.ipynb"``) and the autotests' templates (``autotests.yml``,
+        read from the root when an assignment has none of its own). The grader works in a course root of its own,
+        so it copies these in."""
+        if self.config_file is None:
+            return []
+        root, config = self.config_file.parent, load_config(self.config_file)
+        named = [config.IncludeHeaderFooter.get(which, "") for which in ("header", "footer")]
+        named.append(config.InstantiateTests.get("autotest_filename", "autotests.yml"))
+        return sorted({name for name in named if name and not Path(name).is_absolute() and (root / name).is_file()})
+
 
 def load_config(path: Path) -> Config:
     """A course's nbgrader_config.py, read with traitlets as nbgrader itself reads it."""

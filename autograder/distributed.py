@@ -52,17 +52,21 @@ WORK_DB = "course/gradebook.db"
 def _course_bundle(s) -> bytes:
     """The course as a worker needs it (tar): source, release, a gradebook of the assignments alone,
     the course's configuration. Built with nbgrader's generate_assignment, as here."""
+    from .prepare import copy_root_files
     from .workspace import Settings, hidden_cases_key, nbgrader_api
 
     with tempfile.TemporaryDirectory(prefix="autograder-bundle-") as tmp:
         work = Path(tmp)
         shutil.copytree(s.output / "course" / "source", work / "course" / "source")
+        copy_root_files(s.course, work / "course")
         (work / "state").mkdir()  # the grader's secret for the hidden cases: the workers' kernels draw with it
         shutil.copy(hidden_cases_key(s), work / "state" / "hidden-cases.key")
         if s.course.config_file is not None:
             shutil.copy(s.course.config_file, work / CONFIG_FILE)
         ws: Settings = _worker_settings(s, work)
         for assignment in s.course.assignments:
+            if not (s.output / "course" / "release" / assignment).is_dir():
+                continue  # it could not be made ready here either (prepare.Prepared.failed): nobody's job needs it
             result = nbgrader_api(ws).generate_assignment(assignment, force=True)
             if not result["success"]:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}")

@@ -28,7 +28,7 @@ from . import outcomes
 from .collect import Submission, collect
 from .course import Course
 from .job import grade_student, record_done, write_submitted
-from .prepare import prepare_course, tree_hash
+from .prepare import prepare_course, root_files_hash, tree_hash
 from .sandbox import SandboxPolicy, warn_if_unsandboxed
 from .workspace import Settings, checks_package, ensure_tools_on_path, hidden_cases_key, state_dir
 
@@ -73,7 +73,8 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
     warn_if_unsandboxed(SandboxPolicy(use_bwrap=sandbox))
     ensure_tools_on_path()
     (output / "exchange").mkdir(parents=True, exist_ok=True)
-    releases = prepare_course(s)
+    prepared = prepare_course(s)
+    releases = prepared.releases
     class_ = []
     for assignment, notebooks in releases.items():
         # with several assignments each student's notebooks must sit in a folder named for theirs
@@ -85,6 +86,11 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
     todo = []
     for submission in class_:
         submission.graded_under = fingerprints[submission.assignment]
+        if submission.assignment in prepared.failed:  # nothing of it can be graded: each handed-in notebook says why
+            submission.problems.update({name: ("error", prepared.failed[submission.assignment])
+                                        for name in submission.notebooks})
+            submission.notebooks.clear()
+            submission.notes.clear()
         done = state_dir(s, submission.student, submission.assignment) / "done.sha256"
         if done.exists() and done.read_text() == submission.digest + submission.graded_under:
             continue  # graded already, and nothing changed since
@@ -130,12 +136,14 @@ def _enrol(s: Settings, class_: list[Submission]) -> None:
 
 def grading_fingerprint(s: Settings, assignment: str) -> str:
     """What a student's grade depends on besides their notebooks: the assignment's source, the course's
-    configuration, the checks' and the grader's code, the hidden cases' secret, the limits and the gradebook.
+    configuration (with the root files it names), the checks' and the grader's code, the hidden cases' secret,
+    the limits and the gradebook.
     A submission last graded under another fingerprint is graded again: before, fixing a test in the
     source, or raising a time limit for the students who ran out of it, left every grade as it was."""
     checks = checks_package(s)
-    parts = [tree_hash(s.course.source / assignment), tree_hash(checks, "*.py") if checks else "",
-             tree_hash(Path(__file__).parent, "*.py"), hidden_cases_key(s).read_text(),
+    parts = [tree_hash(s.course.source / assignment), root_files_hash(s.course),
+             tree_hash(checks, "*.py") if checks else "", tree_hash(Path(__file__).parent, "*.py"),
+             hidden_cases_key(s).read_text(),
              s.course.config_file.read_text() if s.course.config_file else "", s.course.course_id,
              repr((s.timeout, s.cell_timeout, s.memory_bytes, s.sandbox)), s.db_url]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -7,7 +7,9 @@ import fcntl
 import hashlib
 import importlib
 import json
+import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .workspace import (
@@ -32,34 +34,77 @@ def tree_hash(folder: Path, pattern: str = "*") -> str:
     return digest.hexdigest()
 
 
-def prepare_course(s: Settings) -> dict[str, dict[str, Path]]:
-    """Copy each assignment's source in and generate it with nbgrader (only when it changed).
+@dataclass
+class Prepared:
+    releases: dict[str, dict[str, Path]]  # {assignment: {notebook name: its generated release version}}
+    # {assignment: why it could not be made ready}: its students' rows say so, and the other assignments are graded
+    failed: dict[str, str] = field(default_factory=dict)
 
-    Returns {assignment: {notebook name: its generated release version}}."""
-    releases = {}
+
+def prepare_course(s: Settings) -> Prepared:
+    """Copy each assignment's source in and generate it with nbgrader (only when it changed), with what grading
+    it needs beside it. An assignment that cannot be made ready costs that assignment, not the run: its
+    notebooks are the source's, for the rows that say why."""
+    prepared = Prepared({})
+    root_hash = copy_root_files(s.course, s.output / "course")
     for assignment in s.course.assignments:
-        source = s.output / "course" / "source" / assignment
-        marker = s.output / "state" / f"{assignment}.source.sha256"
-        source_hash = tree_hash(s.course.source / assignment)
-        wanted = source_hash + s.db_url + s.course.course_id
-        if not (marker.exists() and marker.read_text() == wanted and source.exists()):
-            shutil.rmtree(source, ignore_errors=True)
-            shutil.copytree(s.course.source / assignment, source)
-            result = nbgrader_api(s).generate_assignment(assignment, force=True)
-            if not result["success"]:
-                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}\n"
-                                   f"{result.get('error', '')}")
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(wanted)
-        _prepare_expected_values(s, assignment, source_hash)
-        prepare_kernel_files(s, assignment, source_hash)
-        prepare_compile_cache(s, assignment, source_hash)
-        release = s.output / "course" / "release" / assignment
-        releases[assignment] = {p.stem: p for p in sorted(release.glob("*.ipynb"))}
+        try:
+            releases = _prepare_assignment(s, assignment, root_hash)
+        except Exception as err:  # the instructor's to fix: said in each of the assignment's rows
+            prepared.failed[assignment] = f"the course's assignment {assignment} could not be made ready: {err}"[:1000]
+            shutil.rmtree(s.output / "course" / "release" / assignment, ignore_errors=True)
+            releases = {p.stem: p for p in sorted((s.course.source / assignment).glob("*.ipynb"))}
+        prepared.releases[assignment] = releases
     (s.output / "state" / "course.json").write_text(json.dumps({
         "course_id": s.course.course_id, "assignments": list(s.course.assignments),
         "source": str(s.course.source), "config_file": str(s.course.config_file or ""), "db_url": s.db_url}))
-    return releases
+    return prepared
+
+
+def _prepare_assignment(s: Settings, assignment: str, root_hash: str) -> dict[str, Path]:
+    source = s.output / "course" / "source" / assignment
+    marker = s.output / "state" / f"{assignment}.source.sha256"
+    source_hash = tree_hash(s.course.source / assignment)
+    wanted = source_hash + root_hash + s.db_url + s.course.course_id
+    if not (marker.exists() and marker.read_text() == wanted and source.exists()):
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(s.course.source / assignment, source)
+        result = nbgrader_api(s).generate_assignment(assignment, force=True)
+        if not result["success"]:
+            said = result["log"] + (result.get("error") or "")
+            raise RuntimeError(f"nbgrader generate_assignment failed: {_first_error(said)}")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(wanted)
+    _prepare_expected_values(s, assignment, source_hash)
+    prepare_kernel_files(s, assignment, source_hash)
+    prepare_compile_cache(s, assignment, source_hash)
+    release = s.output / "course" / "release" / assignment
+    return {p.stem: p for p in sorted(release.glob("*.ipynb"))}
+
+
+def _first_error(log: str) -> str:
+    """The line of nbgrader's log that says what went wrong: the first exception it shows (its later ones say
+    "see the above traceback"), else its last line."""
+    raised = re.search(r"^\s*(?:[\w]+\.)*(\w+(?:Error|Exception): .+)$", log, re.MULTILINE)
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    return (raised.group(1) if raised else (lines or ["(no log)"])[-1])[-500:]
+
+
+def copy_root_files(course, to_root: Path) -> str:
+    """The course root's files that its configuration names relative to the root (``Course.root_files``), copied to
+    the same places under ``to_root``, where nbgrader reads them when it works there; their digest."""
+    for name in course.root_files():
+        (to_root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(course.config_file.parent / name, to_root / name)
+    return root_files_hash(course)
+
+
+def root_files_hash(course) -> str:
+    digest = hashlib.sha256()
+    for name in course.root_files():
+        digest.update(name.encode() + b"\0" + (course.config_file.parent / name).read_bytes())
+    return digest.hexdigest()
 
 
 def _rebuild_if_changed(key: Path, wanted: str, build) -> None:

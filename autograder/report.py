@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ class Report:
                     status, reason = state.get("status", "error"), state.get("reason", "")
                     if status == "graded" and state.get("failed"):
                         reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
-                    score, max_score = 0.0, gb.find_notebook(name, assignment).max_code_score
+                    points = _points(gb, name, assignment)
+                    score, max_score = 0.0, points.auto_max
                     failed = failures.get((submission.student, assignment), {})
                     why = failed.get(name) or failed.get("*")
                     if why and status not in ("missing", "unreadable", "invalid"):
@@ -44,9 +46,12 @@ class Report:
                     else:
                         try:
                             graded = gb.find_submission_notebook(name, assignment, submission.student)
-                            score = graded.code_score
+                            score = float(sum(g.score for g in graded.grades
+                                              if g.cell_type == "code" and g.name not in points.by_hand))
+                            reason = "; ".join(part for part in (reason, points.waiting(graded)) if part)
                             for grade in graded.grades:
-                                if grade.cell_type == "code" and name in submission.notebooks:
+                                if grade.cell_type == "code" and grade.name not in points.by_hand \
+                                        and name in submission.notebooks:
                                     key = f"{assignment}/{name}/{grade.name}" if several else f"{name}/{grade.name}"
                                     passed.setdefault(key, []).append((grade.auto_score or 0) >= grade.max_score)
                         except MissingEntry:
@@ -138,11 +143,54 @@ def copy_feedback(output: Path, assignments: list[str]) -> None:
     gives feedback/STUDENT/NOTEBOOK.html, several feedback/STUDENT/ASSIGNMENT/NOTEBOOK.html."""
     source = output / "course" / "feedback"
     for assignment in assignments:
+        release = output / "course" / "release" / assignment
         for html in source.glob(f"*/{assignment}/*.html"):
             student = output / "feedback" / html.parts[-3]
             target = (student / assignment if len(assignments) > 1 else student) / html.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(html, target)
+            for name in _pictures_shown(html.read_text(errors="replace"), release):
+                shutil.copy(release / name, target.parent / name)
+
+
+def _pictures_shown(page: str, release: Path) -> set[str]:
+    """The files of the assignment's release (the instructor's, never the student's) that the page shows by a
+    name beside it (``<img src="jupyter.png">``, as the notebook had it)."""
+    return {name for name in re.findall(r'src="([^"/\\]+)"', page)
+            if (release / name).is_file() and not (release / name).is_symlink() and name not in (".", "..")}
+
+
+@dataclass(frozen=True)
+class Points:
+    """A notebook's points as the gradebook has them: the autograded ones (code cells that are tests), which a row's
+    score counts, and those given by hand (graded answers, code or written, and tasks), which it does not."""
+    auto_max: float
+    by_hand: dict[str, tuple[str, float]]  # grade id -> (cell type, points)
+
+    def waiting(self, graded) -> str:
+        """What a row says of the points by hand that it does not count: the code cells graded by hand (which
+        nbgrader counts among a notebook's code points), and every such cell where nothing is autograded."""
+        shown = {name: pts for name, (kind, pts) in self.by_hand.items() if kind == "code" or not self.auto_max}
+        waiting = [g.name for g in graded.grades if g.name in shown and g.needs_manual_grade]
+        if not waiting:
+            return ""
+        total = sum(shown[name] for name in waiting)
+        return f"{total:g} points waiting for a hand grade ({', '.join(waiting)}), not counted here"
+
+
+def _points(gb, notebook: str, assignment: str) -> Points:
+    """The notebook's Points; none for one nbgrader never generated (its assignment could not be made ready)."""
+    from nbgrader.api import MissingEntry
+
+    try:
+        nb = gb.find_notebook(notebook, assignment)
+    except MissingEntry:
+        return Points(0.0, {})
+    answers = {cell.name for cell in nb.solution_cells}
+    by_hand = {cell.name: (cell.cell_type, cell.max_score) for cell in nb.grade_cells if cell.name in answers}
+    by_hand.update({cell.name: ("markdown", cell.max_score) for cell in nb.task_cells})  # nbgrader's tasks
+    auto_max = sum(cell.max_score for cell in nb.grade_cells if cell.cell_type == "code" and cell.name not in answers)
+    return Points(float(auto_max), by_hand)
 
 
 def _state(output: Path, student: str, assignment: str, notebook: str) -> dict:

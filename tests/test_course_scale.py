@@ -146,6 +146,98 @@ def test_any_nbgrader_course_with_several_assignments(tmp_path, capsys):
     assert not list((tmp_path / "out3").glob("state/*/*/done.sha256")), "nobody graded"
 
 
+# ----------------------------------------------------------------------------- courses this project did not write
+
+def _quickstart_course(tmp_path: Path) -> Path:
+    """A course made by ``nbgrader quickstart`` (ps1, its header named relative to the course root), with the
+    autotest assignment and templates of nbgrader's example course beside it, as they ship in nbgrader, and an
+    assignment nbgrader cannot generate (two cells with one grade id)."""
+    import nbgrader
+
+    guide = Path(nbgrader.__file__).parent / "docs" / "source" / "user_guide"
+    subprocess.run([sys.executable, "-m", "nbgrader", "quickstart", "course101"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    course = tmp_path / "course101"
+    shutil.copytree(guide / "source" / "ps1_autotest", course / "source" / "ps1_autotest")
+    shutil.copy(guide / "autotests.yml", course / "autotests.yml")
+    broken = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("assert True", metadata={"nbgrader": {
+            "grade": True, "solution": False, "locked": True, "grade_id": "twice", "points": 1, "schema_version": 3}})
+        for _ in range(2)])
+    (course / "source" / "broken").mkdir()
+    nbformat.write(broken, course / "source" / "broken" / "twice.ipynb")
+    return course
+
+
+@needs_bwrap
+def test_nbgrader_example_and_quickstart_courses_grade_as_plain_nbgrader_grades_them(tmp_path):
+    """A course this project did not write, graded with no change: every cell's score is plain ``nbgrader
+    autograde``'s; the broken assignment costs its own rows, not the run; points given by hand are counted
+    apart and said to wait; the feedback pages carry their pictures; nothing of ALiBi is imported."""
+    import nbgrader
+    from nbgrader.api import Gradebook
+
+    course = _quickstart_course(tmp_path)
+    shipped = Path(nbgrader.__file__).parent / "docs" / "source" / "user_guide" / "submitted"
+    subs = tmp_path / "subs"
+    for student in ("bitdiddle", "hacker"):
+        shutil.copytree(shipped / student / "ps1", subs / student / "ps1")
+    shutil.copytree(course / "source" / "broken", subs / "carol" / "broken")
+    out = tmp_path / "out"
+    graded = subprocess.run(
+        [sys.executable, "-c", "import sys; from autograder.__main__ import main; main(sys.argv[1:]); "
+         "print('ALIBI', sorted(m for m in ('torch', 'alibi_ref', 'jax') if m in sys.modules))",
+         "grade", str(subs), "--course", str(course), "--output", str(out), "--no-progress",
+         "--cell-timeout", str(FAST["cell_timeout"]), "--timeout", str(FAST["timeout"])],
+        cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "ALIBI []" in graded.stdout, graded.stdout[-2000:]
+    rows = {(r["student"], r["assignment"], r["notebook"]): r for r in csv_rows(out / "grades.csv")}
+    # the assignment nbgrader cannot generate: its rows say why; ps1 and the autotest assignment are graded
+    assert (rows["carol", "broken", "twice"]["status"], rows["carol", "broken", "twice"]["reason"]) == (
+        "error", "the course's assignment broken could not be made ready: nbgrader generate_assignment failed: "
+                 "ValidationError: Duplicate grade id: twice")
+    assert rows["hacker", "broken", "twice"]["status"] == "missing", "handed nothing in for it"
+    header = nbformat.read(course / "source" / "header.ipynb", as_version=4).cells[0].source
+    assert nbformat.read(out / "course" / "release" / "ps1" / "problem1.ipynb", as_version=4).cells[0].source == header
+    assert "### AUTOTEST" not in (out / "course" / "release" / "ps1_autotest" / "problem1.ipynb").read_text()
+    assert {rows[s, "ps1", n]["status"] for s in ("bitdiddle", "hacker") for n in ("problem1", "problem2")} == {
+        "graded"}
+    # plain nbgrader, in the course itself, as its user guide runs it
+    shutil.copytree(subs, course / "submitted", ignore=shutil.ignore_patterns("broken"), dirs_exist_ok=True)
+    tools = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for step in ("generate_assignment", "autograde"):  # nbgrader runs alembic from the environment's bin folder
+        subprocess.run([sys.executable, "-m", "nbgrader", step, "ps1", "--force"], cwd=course, check=True,
+                       capture_output=True, env=tools)
+
+    def cells(db: Path) -> dict:
+        with Gradebook(f"sqlite:///{db}", "course101") as gb:
+            return {(s, nb.name, g.name): (g.cell_type, g.auto_score, g.max_score, g.needs_manual_grade)
+                    for s in ("bitdiddle", "hacker")
+                    for nb in gb.find_submission("ps1", s).notebooks for g in nb.grades}
+
+    plain = cells(course / "gradebook.db")
+    assert plain and cells(out / "gradebook.db") == plain
+    # a row counts the autograded points (test cells); the answers and tasks graded by hand wait, and where they
+    # are code (hacker's problem1) or all there is (problem2), the row says so
+    by_hand = {cell.metadata.nbgrader["grade_id"] for path in (course / "source" / "ps1").glob("*.ipynb")
+               for cell in nbformat.read(path, as_version=4).cells
+               if cell.metadata.get("nbgrader", {}).get("solution") or cell.metadata.get("nbgrader", {}).get("task")}
+    for (student, name), row in {(s, n): rows[s, "ps1", n] for s in ("bitdiddle", "hacker")
+                                 for n in ("problem1", "problem2")}.items():
+        tests = [v for (s, n, g), v in plain.items() if (s, n) == (student, name) and g not in by_hand]
+        assert (float(row["score"]), float(row["max_score"])) == (
+            sum(auto for kind, auto, _, _ in tests if kind == "code"),
+            sum(most for kind, _, most, _ in tests if kind == "code")), row
+        waiting = [g for (s, n, g), (kind, _, _, waits) in plain.items()
+                   if (s, n) == (student, name) and waits and (kind == "code" or name == "problem2")]
+        assert all(g in row["reason"] for g in waiting) and ("waiting for a hand grade" in row["reason"]) == bool(
+            waiting), (waiting, row)
+    assert any(g == "sum_of_squares_application" for (_, _, g), v in plain.items() if v[3]), "no code cell waits"
+    # the picture the notebook shows, beside its feedback page
+    assert (out / "feedback" / "hacker" / "ps1" / "jupyter.png").is_file()
+    assert 'src="jupyter.png"' in (out / "feedback" / "hacker" / "ps1" / "problem1.html").read_text()
+
+
 def test_a_postgresql_gradebook_gives_the_same_grades(postgres_url, tmp_path):
     """The tiny class graded by the local pool (two workers writing at once) into a real PostgreSQL server: what
     it gets on sqlite, and the grades live in the server, not in a file."""
