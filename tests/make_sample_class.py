@@ -682,7 +682,9 @@ def red_team() -> dict[str, dict[str, object]]:
     xss = filled(one)
     cell(xss, "slopes_12_answer").source = (
         "They share the first 8 slopes. <script>document.title='pwned-answer'</script>"
-        "<img src=x onerror=\"document.title='pwned-img'\"> See [the rubric](javascript:document.title='pwned-link').")
+        "<img src=x onerror=\"document.title='pwned-img'\"> See [the rubric](javascript:document.title='pwned-link')."
+        # pictures named for the grader's files: a feedback page gets only the release's pictures beside it
+        "<img src=\"hidden-cases.key\"><img src=\"../../state/hidden-cases.key\"><img src=\"gradebook.db\">")
     s["rt-xss"] = {one: own_cell(xss, "paper_slopes", (
         "from IPython.display import HTML, Javascript, display\n"
         "display(HTML(\"<b onmouseover=\\\"document.title='pwned-b'\\\">hi</b>\"\n"

@@ -208,6 +208,9 @@ def test_the_red_team_changed_nothing_and_no_page_runs_its_script(graded_sample_
     shown = [c.source for c in nb.cells if c.cell_type == "markdown"] + [
         json.dumps(o.get("data", {})) for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert any("pwned" in text for text in shown) and not any(live.search(text) for text in shown)
+    # pictures the answer names for the grader's files: the page names them, and nothing comes beside it
+    assert 'src="hidden-cases.key"' in page and 'src="gradebook.db"' in page
+    assert [p.name for p in (out / "feedback" / "rt-xss").iterdir()] == ["01_slopes_and_bias.html"]
     # a test cell shows its verdicts and nothing else it printed (the hook printed every cell's source)
     hook = (out / "feedback" / "rt-hidden-print" / "01_slopes_and_bias.html").read_text()
     assert "CELL:" in hook and "CELL: # paper_slopes" not in hook
