@@ -70,7 +70,9 @@ def students() -> dict[str, dict[str, object]]:
         ("scaled = scores / np.sqrt(d_k)", "scaled = scores")]})}
     # a flipped sign: nearby tokens punished, far ones favoured
     s["eve"] = {"01_slopes_and_bias": filled("01_slopes_and_bias", {"alibi_bias": [
-        ("bias = -slopes[:, None, None]", "bias = slopes[:, None, None]")]})}
+        ("bias = -slopes[:, None, None]", "bias = slopes[:, None, None]")]}),
+                "06_extrapolation": filled("06_extrapolation", {"kerple_log_bias": [
+                    ("return -r1[:, None, None] * np.log1p", "return r1[:, None, None] * np.log1p")]})}
     # symmetric where causal was asked
     s["fay"] = {"04_causal": filled("04_causal", {"causal_alibi_scores": [
         ("- slope * (i - j)\n    return np.where(j > i, -np.inf, scores)",
@@ -335,6 +337,17 @@ def honest_but_unusual() -> dict:
         "    for i in range(N):\n"
         "        total += (w[:, :, i, : i + 1] * (i - np.arange(i + 1))).sum(axis=(0, 2))\n"
         "    return total / (len(w) * N)\n"))
+    # KERPLE's bias entry by entry in float32, with math.log1p and a nested loop
+    answer(nbs["06_extrapolation"], "kerple_log_bias", (
+        "import math\n\n\n"
+        "def kerple_log_bias(r1, r2, q_len, k_len=None):\n"
+        "    k_len = k_len or q_len\n"
+        "    out = np.zeros((len(r1), q_len, k_len), dtype=np.float32)\n"
+        "    for h in range(len(r1)):\n"
+        "        for i in range(q_len):\n"
+        "            for j in range(k_len):\n"
+        "                out[h, i, j] = -r1[h] * math.log1p(r2[h] * abs(i + k_len - q_len - j))\n"
+        "    return out\n"))
     # the legacy PRNGKey, a batch axis added and removed, slopes and bias in NumPy, a named closure
     answer(nbs["10_jax_flax"], "mha_alibi", (
         "import functools\n\n\n"

@@ -50,6 +50,8 @@ def test_reasons_say_what_happened(graded_sample_class):
     assert "test_paper_slopes (CheckFailed: paper_slopes(12): 12 of 12 entries are off" in cy
     assert "Hint: for a head count that is not a power of two" in cy
     assert "MemoryError" in reasons["max", "03_slope_zero"]
+    assert reasons["eve", "06_extrapolation"].startswith("failed test_kerple_log_bias (CheckFailed: kerple_log_bias(")
+    assert "Hint: the bias is a penalty: -r1 log(1 + r2 |i - j|), at most 0" in reasons["eve", "06_extrapolation"]
     assert "the code in cell 7 ended the kernel (exit() or quit())" in reasons["hal", "02_worked_example"]
     # patching the checks or numpy in the kernel changes no verdict: only the zeros paper_slopes returns cost
     assert reasons["rex", "01_slopes_and_bias"].startswith("failed test_paper_slopes (CheckFailed: paper_slopes(8)")
@@ -233,7 +235,7 @@ def test_final_grades_for_an_lms_add_the_points_graded_by_hand(graded_sample_cla
     with open(tmp_path / "lms_grades.csv", newline="") as f:
         header, possible, *rows = list(csv.reader(f))
     assert header[:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-    assert possible[0] == "Points Possible" and float(possible[-1]) == 86  # 64 autograded, 22 by hand
+    assert possible[0] == "Points Possible" and float(possible[-1]) == 88  # 66 autograded, 22 by hand
     by_student = {row[2]: dict(zip(header, row, strict=True)) for row in rows}
     assert set(by_student) == set(report.totals()), "one row per student"
     ada = by_student["ada"]

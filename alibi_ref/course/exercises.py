@@ -568,6 +568,55 @@ exercise(Exercise(
 ))
 
 
+# ----------------------------------------------------------------------------- 06: going further, KERPLE
+
+def kerple_log_reference(r1, r2, q_len, k_len=None, *, distance=None, end_aligned=True):
+    """KERPLE's logarithmic bias (Chi et al., 2022), (H, q_len, k_len): -r1[h] log(1 + r2[h] |i - j|), with the
+    queries at the end of the keys as everywhere in the course. ``distance`` and ``end_aligned`` make the classic
+    mistakes (``_KERPLE_MISTAKES``) from the same code."""
+    r1, r2 = np.asarray(r1, float), np.asarray(r2, float)
+    k_len = q_len if k_len is None else k_len
+    i = np.arange(q_len)[:, None] + (k_len - q_len if end_aligned else 0)  # (i, 1): each query's position
+    d = np.abs(i - np.arange(k_len)[None, :]).astype(float)  # (i, j)
+    shaped = (distance or (lambda r2_, d_: np.log1p(r2_ * d_)))(r2[:, None, None], d[None])  # (H, i, j)
+    return -r1[:, None, None] * shaped
+
+
+_KERPLE_MISTAKES = (
+    Mistake("the bias is a penalty: -r1 log(1 + r2 |i - j|), at most 0",
+            lambda r1, r2, q, k=None: -kerple_log_reference(r1, r2, q, k)),
+    Mistake("r1 scales the log and r2 the distance inside it: -r1 log(1 + r2 |i - j|)",
+            lambda r1, r2, q, k=None: kerple_log_reference(r2, r1, q, k)),
+    Mistake("that is ALiBi with slope r1 r2 (the log's first-order term): KERPLE takes the log of the distance",
+            lambda r1, r2, q, k=None: kerple_log_reference(r1, r2, q, k, distance=lambda r2_, d_: r2_ * d_)),
+    Mistake("the queries sit at the end of the keys: query i is at position i + k_len - q_len",
+            lambda r1, r2, q, k=None: kerple_log_reference(r1, r2, q, k, end_aligned=False)),
+)
+
+
+def _kerple_cases(rng):
+    chosen = []
+    for _ in range(8):
+        H, q = int(rng.integers(1, 9)), int(rng.integers(1, 17))
+        chosen.append((rng.uniform(0.1, 3, H), rng.uniform(0.05, 4, H), q, q + int(rng.integers(0, 17))))
+    return [Case(f"kerple_log_bias(<{len(r1)} heads>, {q}, {k})", (r1, r2, q, k), atol=1e-12, rtol=1e-12)
+            for r1, r2, q, k in chosen]
+
+
+exercise(Exercise(
+    "kerple_log_bias",
+    visible=lambda: [
+        Case("kerple_log_bias([1.0], [1.0], 4)", ([1.0], [1.0], 4), atol=1e-12),
+        Case("kerple_log_bias([2.0, 0.5], [0.5, 2.0], 3)", ([2.0, 0.5], [0.5, 2.0], 3), atol=1e-12),
+        Case("kerple_log_bias([1.0], [0.25], 1, 6): one decoding query against 6 keys", ([1.0], [0.25], 1, 6),
+             atol=1e-12),
+    ],
+    hidden=_kerple_cases,
+    reference=lambda r1, r2, q_len, k_len=None: kerple_log_reference(r1, r2, q_len, k_len),
+    mistakes=_KERPLE_MISTAKES,
+))
+
+
 # ----------------------------------------------------------------------------- 07: PyTorch
 
 def _torch_bias_reference(slopes, q_len, k_len, causal=False):
