@@ -10,7 +10,7 @@ KERNEL := $(VENV)/.fused-kernel
 # nbgrader runs helper programs (alembic) from the environment's bin folder
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test lint release lab clean
+.PHONY: demo test lint release lab hub clean
 
 # the students of the sample class that show every status and the classic mistakes: full marks, four classic
 # mistakes, a crash, a loop past its time limit, an unreadable zip, a flagged answer (`make test` grades all of them)
@@ -38,6 +38,18 @@ lab: release
 	mkdir -p .exchange && chmod 777 .exchange
 	$(PY) -m nbgrader release_assignment alibi --force --log-level=WARN
 	$(PY) -m jupyterlab --ServerApp.root_dir=course $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+# the course served to a class by JupyterHub on 127.0.0.1:8000: a system account for each user of hub/roster.csv,
+# nbgrader's exchange, the course root in the first instructor's home (autograder/hub.py); as root
+HUB := .hub
+PROXY := $(HUB)/node_modules/.bin/configurable-http-proxy
+hub: $(STAMP) $(SYSTEM) $(PROXY)
+	$(PY) -m autograder hub --roster hub/roster.csv --state $(HUB)
+
+# JupyterHub's proxy, from npm
+$(PROXY):
+	mkdir -p $(HUB)
+	npm install --no-audit --no-fund --silent --prefix $(HUB) configurable-http-proxy@5.3.0
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 needed, found " + sys.version'
@@ -70,4 +82,4 @@ $(SYSTEM): $(STAMP)
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis gradebook.db
+	rm -rf $(VENV) $(HUB) .pytest_cache .ruff_cache .hypothesis gradebook.db

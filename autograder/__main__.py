@@ -4,6 +4,7 @@
     grade SUBMISSIONS   grade every submission (locally, or on a Dask cluster with --scheduler)
     feedback            regenerate the feedback with the points given by hand; --release: into the exchange
     export              final grades, autograded and by hand, as a CSV an LMS imports
+    hub                 serve the course to a class with JupyterHub, one system account per user (as root)
 """
 
 from __future__ import annotations
@@ -54,7 +55,22 @@ def main(argv=None) -> int:
     f.add_argument("--db", default=None, help="gradebook SQLAlchemy URL (default: the grading run's)")
     f.add_argument("--release", action="store_true", help="release it with nbgrader's release_feedback, for students' "
                                                           "`nbgrader fetch_feedback`")
+    h = sub.add_parser("hub", help="set up a class from a roster (system accounts, exchange, course root) and "
+                                   "serve it with JupyterHub on 127.0.0.1 (as root)")
+    h.add_argument("--roster", type=Path, default=Path("hub/roster.csv"),
+                   help="CSV with columns username,role (student or instructor) (default hub/roster.csv)")
+    h.add_argument("--state", type=Path, default=Path(".hub"),
+                   help="the hub's own files: its database, secrets, proxy (default ./.hub)")
+    h.add_argument("--course-id", default="alibi", help="the nbgrader course id (default alibi)")
+    h.add_argument("--source", type=Path, default=Path("solutions"),
+                   help="the course's source: one folder of notebooks per assignment (default solutions/)")
+    h.add_argument("--exchange", type=Path, default=Path("/srv/nbgrader/exchange"),
+                   help="nbgrader's exchange (default /srv/nbgrader/exchange)")
+    h.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1 (default 8000; it also "
+                                                          "takes the two above it)")
     args = parser.parse_args(argv)
+    if args.command == "hub":
+        return _hub(parser, args)
     from .grade import grade
 
     if args.command == "export":
@@ -86,6 +102,23 @@ def main(argv=None) -> int:
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
     return 0
+
+
+def _hub(parser, args) -> int:
+    from .hub import set_up, start
+
+    try:
+        served = set_up(args.roster, args.state, args.course_id, args.source, args.exchange)
+        hub = start(served, args.port)
+    except (FileNotFoundError, PermissionError, ValueError, RuntimeError) as err:
+        parser.error(str(err))
+    print(f"JupyterHub for {len(served.members)} users at http://127.0.0.1:{args.port}/ (each sets a password the "
+          f"first time they log in); the course root is {served.course_root}. Ctrl-C stops it.", flush=True)
+    try:
+        return hub.wait()
+    except KeyboardInterrupt:
+        hub.terminate()
+        return hub.wait()
 
 
 def _collect(parser, args) -> int:

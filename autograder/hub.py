@@ -1,0 +1,200 @@
+"""A class served from this machine by JupyterHub: ``make hub`` (``python -m autograder hub``).
+
+From a roster (CSV: ``username,role``, role ``student`` or ``instructor``), as root:
+
+- one system account per user, its home readable by that user alone (0700): a student reads neither another's
+  files nor the instructors';
+- nbgrader's exchange (1777, as nbgrader's docs set it up for several users on one machine);
+- the course root, owned by the first instructor and shared with the others through a group of their own,
+  with the course's source, its assignments generated and released (students fetch them at once);
+- JupyterHub on 127.0.0.1 (``hub/jupyterhub_config.py``): first-use passwords for the roster's users alone,
+  each user's server run as that user's account (JupyterHub's LocalProcessSpawner), JupyterLab with nbgrader's
+  Assignment List and Validate for everyone and formgrader, the course list and Create Assignment for
+  instructors only.
+
+Grading goes through this project's grader, from an instructor's terminal in JupyterLab, into the course's own
+gradebook: ``python -m autograder collect --course ~/COURSE`` then ``python -m autograder grade
+~/COURSE/submitted --course ~/COURSE --db sqlite:///$HOME/COURSE/gradebook.db --output ~/grading``
+(docs/deploying.md). Hiding formgrader from students is convenience, not the boundary: a student who turns it on
+in their own server sees their own files; the boundary is the accounts' permissions.
+"""
+
+from __future__ import annotations
+
+import csv
+import grp
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+ROLES = ("student", "instructor")
+# a name useradd accepts on every distribution (Debian's NAME_REGEX), and that JupyterHub keeps as it is
+USERNAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
+# what students' servers leave out (JupyterLab's and Jupyter Server's own switches, per config folder)
+INSTRUCTORS_ONLY_LAB = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
+                        "@jupyter/nbgrader:create-assignment")
+INSTRUCTORS_ONLY_SERVER = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list")
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    role: str
+
+
+def read_roster(path: Path) -> list[Member]:
+    """The roster's members; ValueError naming the line and what was expected, for anything else."""
+    members, seen = [], set()
+    with open(path, newline="") as f:
+        for n, row in enumerate(csv.DictReader(f), start=2):
+            name, role = (row.get("username") or "").strip(), (row.get("role") or "").strip().lower()
+            if not USERNAME.match(name):
+                raise ValueError(f"{path}, line {n}: username {name!r} is not a system account name (expected "
+                                 "lower-case letters, digits, _ or -, starting with a letter or _, at most 31)")
+            if role not in ROLES:
+                raise ValueError(f"{path}, line {n}: role {role!r} for {name} (expected student or instructor)")
+            if name in seen:
+                raise ValueError(f"{path}, line {n}: {name} is on the roster twice")
+            seen.add(name)
+            members.append(Member(name, role))
+    if not any(m.role == "instructor" for m in members):
+        raise ValueError(f"{path}: no instructor (expected at least one row with role instructor)")
+    return members
+
+
+@dataclass(frozen=True)
+class Class:
+    members: list[Member]
+    course_id: str
+    exchange: Path
+    state: Path  # the hub's own files: its database, secrets, the proxy, the config folders of each role
+
+    @property
+    def instructors(self) -> list[str]:
+        return [m.name for m in self.members if m.role == "instructor"]
+
+    @property
+    def course_root(self) -> Path:
+        return Path(pwd.getpwnam(self.instructors[0]).pw_dir) / self.course_id
+
+    @property
+    def group(self) -> str:
+        return f"{self.course_id}-instructors"[:32]
+
+
+def ensure_account(name: str) -> None:
+    """The user's system account, made if missing, its home for that user alone."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name], check=True)
+    os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+
+
+def write_role_config(c: Class) -> None:
+    """One Jupyter config folder per role (the spawner points JUPYTER_CONFIG_PATH at it): nbgrader's course id
+    and exchange for everyone; students' servers without the instructors' extensions."""
+    for role in ROLES:
+        folder = c.state / "config" / role
+        (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+        (folder / "nbgrader_config.py").write_text(
+            "c = get_config()  # noqa: F821\n"
+            f"c.CourseDirectory.course_id = {c.course_id!r}\n"
+            f"c.Exchange.root = {str(c.exchange)!r}\n")
+        off = role == "student"
+        (folder / "labconfig" / "page_config.json").write_text(json.dumps(
+            {"disabledExtensions": {name: off for name in INSTRUCTORS_ONLY_LAB}}, indent=1))
+        (folder / "jupyter_server_config.json").write_text(json.dumps(
+            {"ServerApp": {"jpserver_extensions": {name: not off for name in INSTRUCTORS_ONLY_SERVER}}}, indent=1))
+    config = c.state / "config"
+    for path in [c.state, *config.rglob("*"), config]:  # every user's server reads its role's folder
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _check_reachable(name: str) -> None:
+    """Each server runs this environment's Python as its user: say so plainly where that user cannot (a Python
+    under root's home, as pyenv installs it for root)."""
+    ran = subprocess.run(["runuser", "-u", name, "--", sys.executable, "-c", "import jupyterhub"],
+                         capture_output=True, text=True)
+    if ran.returncode:
+        raise PermissionError(
+            f"the users' servers run {sys.executable}, which {name} cannot run ({ran.stderr.strip()[-300:]}): "
+            f"build the environment from a Python every account can reach (`make clean`, then `make hub "
+            f"PYTHON=/usr/bin/python3`), or let accounts pass through the folder that holds it")
+
+
+def prepare_exchange(exchange: Path) -> None:
+    exchange.mkdir(parents=True, exist_ok=True)
+    exchange.chmod(0o1777)
+
+
+def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
+    """The course root in the first instructor's home, writable by every instructor (a group of theirs, set-gid
+    folders), with the source copied in once and each assignment generated and released as the first instructor."""
+    try:
+        grp.getgrnam(c.group)
+    except KeyError:
+        subprocess.run(["groupadd", c.group], check=True)
+    for name in c.instructors:
+        subprocess.run(["usermod", "--append", "--groups", c.group, name], check=True)
+    root, owner = c.course_root, c.instructors[0]
+    home = root.parent
+    home.chmod(0o710)  # the other instructors pass through the owner's home to the course root, and see nothing else
+    shutil.chown(home, group=c.group)
+    if not (root / "source").exists():
+        shutil.copytree(source, root / "source", dirs_exist_ok=True)
+    (root / "nbgrader_config.py").write_text(
+        "c = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.course_id = {c.course_id!r}\n"
+        f"c.CourseDirectory.root = {str(root)!r}\n"
+        f"c.Exchange.root = {str(c.exchange)!r}\n")
+    subprocess.run(["chown", "-R", f"{owner}:{c.group}", str(root)], check=True)
+    subprocess.run(["chmod", "-R", "u+rwX,g+rwX,o-rwx", str(root)], check=True)
+    subprocess.run(["find", str(root), "-type", "d", "-exec", "chmod", "g+s", "{}", "+"], check=True)
+    as_owner = ["runuser", "-u", owner, "--", "env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}",
+                f"HOME={home}", sys.executable, "-m", "nbgrader"]
+    for assignment in assignments:
+        for step in ("generate_assignment", "release_assignment"):
+            done = subprocess.run([*as_owner, step, assignment, "--force", "--log-level=WARN"], cwd=root,
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"nbgrader {step} {assignment} as {owner} failed:\n{done.stdout}{done.stderr}")
+
+
+def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
+    if os.geteuid() != 0:
+        raise PermissionError("the hub runs each user's server as that user's own system account, which only root "
+                              "can create and switch to: run `make hub` as root (or with sudo)")
+    members = read_roster(roster)
+    assignments = sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+    if not assignments:
+        raise FileNotFoundError(f"no assignments in {source}: expected one folder of notebooks per assignment")
+    c = Class(members, course_id, exchange.resolve(), state.resolve())
+    for m in members:
+        ensure_account(m.name)
+    _check_reachable(members[0].name)
+    prepare_exchange(c.exchange)
+    write_role_config(c)
+    prepare_course_root(c, source, assignments)
+    (c.state / "roster.json").write_text(json.dumps(
+        {"members": [m.__dict__ for m in members], "course_id": course_id, "python": sys.executable}))
+    return c
+
+
+def start(c: Class, port: int) -> subprocess.Popen:
+    """JupyterHub for the class, on 127.0.0.1:``port`` (hub/jupyterhub_config.py reads the class from its state)."""
+    proxy = c.state / "node_modules" / ".bin" / "configurable-http-proxy"
+    if not proxy.exists():
+        raise FileNotFoundError(f"JupyterHub's proxy is not installed at {proxy}: `make hub` installs it with npm "
+                                "(npm install --prefix .hub configurable-http-proxy)")
+    env = {**os.environ, "ALIBI_HUB_STATE": str(c.state), "ALIBI_HUB_PORT": str(port),
+           "PATH": f"{Path(sys.executable).parent}:{proxy.parent}:{os.environ['PATH']}"}
+    return subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(CHECKOUT / "hub" / "jupyterhub_config.py")],
+                            cwd=c.state, env=env)
