@@ -68,7 +68,16 @@ class Course:
         root, config = self.config_file.parent, load_config(self.config_file)
         named = [config.IncludeHeaderFooter.get(which, "") for which in ("header", "footer")]
         named.append(config.InstantiateTests.get("autotest_filename", "autotests.yml"))
-        return sorted({name for name in named if name and not Path(name).is_absolute() and (root / name).is_file()})
+        return sorted({name for name in named if name and _inside(root, name)})
+
+
+def _inside(root: Path, name: str) -> bool:
+    """Whether ``name`` is a regular file under ``root``, reached through no link (the copy must not leave the
+    course root, nor read what a link names)."""
+    path = root / name
+    parts = [root / Path(*Path(name).parts[: i + 1]) for i in range(len(Path(name).parts))]
+    return (not Path(name).is_absolute() and ".." not in Path(name).parts and path.is_file()
+            and not any(part.is_symlink() for part in parts))
 
 
 def load_config(path: Path) -> Config:

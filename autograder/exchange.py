@@ -17,7 +17,9 @@ submission secret, so the released pages are the ones nbgrader's fetch_feedback 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import pwd
 import shutil
 import warnings
 from pathlib import Path
@@ -53,6 +55,36 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
     """nbgrader's collect, following no link a student put in the exchange's inbound folder (a submission that is
     a link, or a link inside one): nbgrader's copytree would read what it names (the instructor's solutions, as
     root) into submitted/. Otherwise nbgrader's ``do_copy``: its size limit, ignore rules and group modes."""
+
+    def _sort_by_timestamp(self, records):
+        """Newest first, as nbgrader has it, with a student's genuine submissions before any forged one (``init_src``
+        then drops what is left of those): so a forged folder never hides a genuine one."""
+        genuine = [r for r in records if not self._forged(r)]
+        return (super()._sort_by_timestamp(genuine)
+                + super()._sort_by_timestamp([r for r in records if r not in genuine]))
+
+    def init_src(self):
+        super().init_src()
+        for record in [r for r in self.src_records if self._forged(r)]:
+            self.log.warning("left out %s: %s", record["filename"], self._forged(record))
+            self.src_records.remove(record)
+
+    def _forged(self, record) -> str:
+        """Why a folder in inbound is not the submission it is named as, or "": where the student has an account
+        on this machine (a class served by ``autograder hub``), a folder another account made in their name (the
+        exchange's inbound is writable by every student); and a time stamp from the future, which would outrank
+        every later real submission."""
+        path = os.path.join(self.inbound_path, record["filename"])
+        try:
+            owner, made_by = pwd.getpwnam(record["username"]).pw_uid, os.lstat(path).st_uid
+        except (KeyError, OSError):
+            owner = made_by = None
+        if owner is not None and made_by != owner:
+            return f"made by uid {made_by}, not by {record['username']}"
+        now = datetime.datetime.now(datetime.timezone.utc)
+        stamp = record["timestamp"] if record["timestamp"].tzinfo else record["timestamp"].replace(
+            tzinfo=datetime.timezone.utc)
+        return f"time stamp {record['timestamp']} in the future" if stamp > now + datetime.timedelta(minutes=5) else ""
 
     def do_copy(self, src, dest, log=None):
         if os.path.islink(src) or not os.path.isdir(src):

@@ -38,6 +38,8 @@ def lms_rows(db_url: str, course_id: str | None = None) -> list[list]:
     """The header, the Points Possible row, then one row per student in the gradebook."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from .report import notebook_points
+
     if course_id is None:
         found = course_ids(db_url)
         if len(found) != 1:
@@ -51,7 +53,8 @@ def lms_rows(db_url: str, course_id: str | None = None) -> list[list]:
             prefix = f"{assignment.name}/" if len(assignments) > 1 else ""
             for nb in sorted(assignment.notebooks, key=lambda nb: nb.name):
                 header += [f"{prefix}{nb.name} autograded", f"{prefix}{nb.name} by hand"]
-                possible += [_points(nb.max_code_score), _points(nb.max_written_score + nb.max_task_score)]
+                auto = notebook_points(gb, nb.name, assignment.name).auto_max  # grades.csv's: test cells alone
+                possible += [_points(auto), _points(nb.max_score - auto)]
                 columns.append((assignment.name, nb.name))
             header.append(f"{assignment.name} total")
             possible.append(_points(assignment.max_score))
@@ -66,7 +69,8 @@ def lms_rows(db_url: str, course_id: str | None = None) -> list[list]:
                     continue
                 try:
                     graded = gb.find_submission_notebook(name, assignment, student.id)
-                    auto, by_hand = graded.code_score, graded.written_score + graded.task_score
+                    auto = notebook_points(gb, name, assignment).autograded(graded)
+                    by_hand = graded.score - auto
                 except MissingEntry:  # nothing handed in for this notebook
                     auto, by_hand = 0.0, 0.0
                 row += [_points(auto), _points(by_hand)]

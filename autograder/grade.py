@@ -75,6 +75,8 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
     (output / "exchange").mkdir(parents=True, exist_ok=True)
     prepared = prepare_course(s)
     releases = prepared.releases
+    for why in prepared.failed.values():  # the instructor's to fix: said here as in each of its rows
+        print(f"warning: {why}", file=sys.stderr)
     class_ = []
     for assignment, notebooks in releases.items():
         # with several assignments each student's notebooks must sit in a folder named for theirs

@@ -7,10 +7,12 @@ From a roster (CSV: ``username,role``, role ``student`` or ``instructor``), as r
 - nbgrader's exchange (1777, as nbgrader's docs set it up for several users on one machine);
 - the course root, owned by the first instructor and shared with the others through a group of their own,
   with the course's source, its assignments generated and released (students fetch them at once);
-- JupyterHub on 127.0.0.1 (``hub/jupyterhub_config.py``): first-use passwords for the roster's users alone,
-  each user's server run as that user's account (JupyterHub's LocalProcessSpawner), JupyterLab with nbgrader's
-  Assignment List and Validate for everyone and formgrader, the course list and Create Assignment for
-  instructors only.
+- a password for each user, drawn at random and written for the operator to hand out to
+  ``STATE/private/initial-passwords.csv`` (root's alone): nobody can claim an account first (users change theirs at
+  /hub/auth/change-password);
+- JupyterHub on 127.0.0.1 (``hub/jupyterhub_config.py``) for the roster's users alone, each user's server run
+  as that user's account (JupyterHub's LocalProcessSpawner), JupyterLab with nbgrader's Assignment List and
+  Validate for everyone and formgrader, the course list and Create Assignment for instructors only.
 
 Grading goes through this project's grader, from an instructor's terminal in JupyterLab, into the course's own
 gradebook: ``python -m autograder collect --course ~/COURSE`` then ``python -m autograder grade
@@ -22,11 +24,13 @@ in their own server sees their own files; the boundary is the accounts' permissi
 from __future__ import annotations
 
 import csv
+import dbm
 import grp
 import json
 import os
 import pwd
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -37,6 +41,9 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 ROLES = ("student", "instructor")
 # a name useradd accepts on every distribution (Debian's NAME_REGEX), and that JupyterHub keeps as it is
 USERNAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
+COURSE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,30}$")
+# accounts below this uid are the system's own (Debian's UID_MIN): the hub never takes one over
+FIRST_USER_UID = 1000
 # what students' servers leave out (JupyterLab's and Jupyter Server's own switches, per config folder)
 INSTRUCTORS_ONLY_LAB = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
                         "@jupyter/nbgrader:create-assignment")
@@ -74,7 +81,12 @@ class Class:
     members: list[Member]
     course_id: str
     exchange: Path
-    state: Path  # the hub's own files: its database, secrets, the proxy, the config folders of each role
+    state: Path  # the hub's own files: the proxy, each role's config folder, and private/ (database, secrets)
+
+    @property
+    def private(self) -> Path:
+        """The hub's database, cookie secret and passwords: root's alone."""
+        return self.state / "private"
 
     @property
     def instructors(self) -> list[str]:
@@ -90,12 +102,38 @@ class Class:
 
 
 def ensure_account(name: str) -> None:
-    """The user's system account, made if missing, its home for that user alone."""
+    """The user's system account, made if missing, its home for that user alone. An existing account of the
+    system's own (a uid below FIRST_USER_UID: root, bin, sys, nobody...) is refused, never taken over."""
     try:
-        pwd.getpwnam(name)
+        found = pwd.getpwnam(name)
     except KeyError:
         subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name], check=True)
-    os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+        found = pwd.getpwnam(name)
+    if found.pw_uid < FIRST_USER_UID:
+        raise ValueError(f"{name} is one of the system's own accounts (uid {found.pw_uid}): expected a user's "
+                         f"account (uid {FIRST_USER_UID} or more), or a name no account has yet")
+    home = Path(found.pw_dir)
+    if home.is_symlink() or not home.is_dir() or home.stat().st_uid != found.pw_uid:
+        raise ValueError(f"{name}'s home {home} is not a folder of theirs: expected one owned by {name}")
+    home.chmod(0o700)
+
+
+def give_passwords(c: Class) -> Path:
+    """A random password for each user who has none, stored as FirstUseAuthenticator stores one (bcrypt, in its
+    dbm) and written for the operator alone to ``initial-passwords.csv``: the roster's names are known, so a
+    password set by whoever logs in first would let anyone claim anyone's account."""
+    import bcrypt
+
+    given = c.private / "initial-passwords.csv"
+    with dbm.open(str(c.private / "passwords.dbm"), "c", 0o600) as db:
+        new = {m.name: secrets.token_urlsafe(12) for m in c.members if m.name.encode() not in db}
+        for name, password in new.items():
+            db[name] = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+    if new:
+        fd = os.open(given, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.writelines(f"{name},{password}\n" for name, password in new.items())
+    return given
 
 
 def write_role_config(c: Class) -> None:
@@ -107,14 +145,16 @@ def write_role_config(c: Class) -> None:
         (folder / "nbgrader_config.py").write_text(
             "c = get_config()  # noqa: F821\n"
             f"c.CourseDirectory.course_id = {c.course_id!r}\n"
-            f"c.Exchange.root = {str(c.exchange)!r}\n")
+            f"c.Exchange.root = {str(c.exchange)!r}\n"
+            # formgrader works in the course root, wherever the instructor's server starts
+            + (f"c.CourseDirectory.root = {str(c.course_root)!r}\n" if role == "instructor" else ""))
         off = role == "student"
         (folder / "labconfig" / "page_config.json").write_text(json.dumps(
             {"disabledExtensions": {name: off for name in INSTRUCTORS_ONLY_LAB}}, indent=1))
         (folder / "jupyter_server_config.json").write_text(json.dumps(
             {"ServerApp": {"jpserver_extensions": {name: not off for name in INSTRUCTORS_ONLY_SERVER}}}, indent=1))
     config = c.state / "config"
-    for path in [c.state, *config.rglob("*"), config]:  # every user's server reads its role's folder
+    for path in [*config.rglob("*"), config]:  # every user's server reads its role's folder
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
@@ -142,20 +182,21 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
         grp.getgrnam(c.group)
     except KeyError:
         subprocess.run(["groupadd", c.group], check=True)
-    for name in c.instructors:
-        subprocess.run(["usermod", "--append", "--groups", c.group, name], check=True)
+    # exactly the roster's instructors: one dropped from it, or now a student, loses the course root
+    subprocess.run(["gpasswd", "--members", ",".join(c.instructors), c.group], check=True, capture_output=True)
     root, owner = c.course_root, c.instructors[0]
     home = root.parent
     home.chmod(0o710)  # the other instructors pass through the owner's home to the course root, and see nothing else
     shutil.chown(home, group=c.group)
+    # the owner's own folder, which root is about to chown and chmod: never through a link they put there
+    if root.is_symlink() or (root.exists() and (not root.is_dir() or root.stat().st_uid != pwd.getpwnam(owner).pw_uid)):
+        raise ValueError(f"{root} is not a folder of {owner}'s: expected the course root, or nothing there yet")
     if not (root / "source").exists():
         shutil.copytree(source, root / "source", dirs_exist_ok=True)
-    (root / "nbgrader_config.py").write_text(
-        "c = get_config()  # noqa: F821\n"
-        f"c.CourseDirectory.course_id = {c.course_id!r}\n"
-        f"c.CourseDirectory.root = {str(root)!r}\n"
-        f"c.Exchange.root = {str(c.exchange)!r}\n")
-    subprocess.run(["chown", "-R", f"{owner}:{c.group}", str(root)], check=True)
+    config = root / "nbgrader_config.py"
+    config.unlink(missing_ok=True)
+    config.write_text(course_config(c))
+    subprocess.run(["chown", "-R", "--no-dereference", f"{owner}:{c.group}", str(root)], check=True)
     subprocess.run(["chmod", "-R", "u+rwX,g+rwX,o-rwx", str(root)], check=True)
     subprocess.run(["find", str(root), "-type", "d", "-exec", "chmod", "g+s", "{}", "+"], check=True)
     as_owner = ["runuser", "-u", owner, "--", "env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -168,11 +209,35 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
                 raise RuntimeError(f"nbgrader {step} {assignment} as {owner} failed:\n{done.stdout}{done.stderr}")
 
 
+def course_config(c: Class) -> str:
+    """The course root's nbgrader_config.py: this repository's (its checks, judged by the grader, and what its
+    kernels preload), with the course root, its folders, the exchange and the instructors' sharing set on top."""
+    return ((CHECKOUT / "nbgrader_config.py").read_text() + "\n\n# the course served by the hub (autograder/hub.py)\n"
+            f"c.CourseDirectory.course_id = {c.course_id!r}\n"
+            f"c.CourseDirectory.root = {str(c.course_root)!r}\n"
+            'c.CourseDirectory.source_directory = "source"\n'
+            'c.CourseDirectory.release_directory = "release"\n'
+            "c.CourseDirectory.groupshared = True  # what one instructor writes, the others can grade\n"
+            f"c.Exchange.root = {str(c.exchange)!r}\n")
+
+
+def hide_from_students() -> None:
+    """What of the checkout no student may read: the instructor's solutions, and any grading run's folder. The
+    rest stays readable: every user's server imports this checkout's packages."""
+    for private in (CHECKOUT / "solutions", CHECKOUT / "grading", CHECKOUT / "gradebook.db"):
+        if private.exists() and not private.is_symlink():
+            subprocess.run(["chmod", "-R", "o-rwx", str(private)], check=True)
+
+
 def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
     if os.geteuid() != 0:
         raise PermissionError("the hub runs each user's server as that user's own system account, which only root "
                               "can create and switch to: run `make hub` as root (or with sudo)")
+    if not COURSE_ID.match(course_id):
+        raise ValueError(f"course id {course_id!r}: expected letters, digits, _ or -, at most 31")
     members = read_roster(roster)
+    if any(m.name == f"{course_id}-instructors"[:32] for m in members):
+        raise ValueError(f"{course_id}-instructors is the instructors' group: no user may have that name")
     assignments = sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
     if not assignments:
         raise FileNotFoundError(f"no assignments in {source}: expected one folder of notebooks per assignment")
@@ -181,9 +246,14 @@ def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Pa
         ensure_account(m.name)
     _check_reachable(members[0].name)
     prepare_exchange(c.exchange)
+    c.private.mkdir(parents=True, exist_ok=True)
+    c.state.chmod(0o711)  # the users' servers pass through to their role's config, and list nothing
+    c.private.chmod(0o700)
     write_role_config(c)
+    give_passwords(c)
+    hide_from_students()
     prepare_course_root(c, source, assignments)
-    (c.state / "roster.json").write_text(json.dumps(
+    (c.private / "roster.json").write_text(json.dumps(
         {"members": [m.__dict__ for m in members], "course_id": course_id, "python": sys.executable}))
     return c
 

@@ -37,7 +37,7 @@ class Report:
                     status, reason = state.get("status", "error"), state.get("reason", "")
                     if status == "graded" and state.get("failed"):
                         reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
-                    points = _points(gb, name, assignment)
+                    points = notebook_points(gb, name, assignment)
                     score, max_score = 0.0, points.auto_max
                     failed = failures.get((submission.student, assignment), {})
                     why = failed.get(name) or failed.get("*")
@@ -46,8 +46,7 @@ class Report:
                     else:
                         try:
                             graded = gb.find_submission_notebook(name, assignment, submission.student)
-                            score = float(sum(g.score for g in graded.grades
-                                              if g.cell_type == "code" and g.name not in points.by_hand))
+                            score = points.autograded(graded)
                             reason = "; ".join(part for part in (reason, points.waiting(graded)) if part)
                             for grade in graded.grades:
                                 if grade.cell_type == "code" and grade.name not in points.by_hand \
@@ -167,6 +166,10 @@ class Points:
     auto_max: float
     by_hand: dict[str, tuple[str, float]]  # grade id -> (cell type, points)
 
+    def autograded(self, graded) -> float:
+        """The submitted notebook's points from its test cells."""
+        return float(sum(g.score for g in graded.grades if g.cell_type == "code" and g.name not in self.by_hand))
+
     def waiting(self, graded) -> str:
         """What a row says of the points by hand that it does not count: the code cells graded by hand (which
         nbgrader counts among a notebook's code points), and every such cell where nothing is autograded."""
@@ -178,7 +181,7 @@ class Points:
         return f"{total:g} points waiting for a hand grade ({', '.join(waiting)}), not counted here"
 
 
-def _points(gb, notebook: str, assignment: str) -> Points:
+def notebook_points(gb, notebook: str, assignment: str) -> Points:
     """The notebook's Points; none for one nbgrader never generated (its assignment could not be made ready)."""
     from nbgrader.api import MissingEntry
 

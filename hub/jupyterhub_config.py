@@ -1,7 +1,7 @@
 """JupyterHub for the class that ``python -m autograder hub`` set up (autograder/hub.py): the roster and the
 course from ALIBI_HUB_STATE, on 127.0.0.1 only.
 
-For the authenticators universities use, replace the first-use passwords below (docs/deploying.md, "Serving a
+For the authenticators universities use, replace the passwords below (docs/deploying.md, "Serving a
 class"): OAuth (``oauthenticator``) or LTI 1.3 (``jupyterhub-ltiauthenticator``), keeping ``allowed_users``
 and the spawner as they are.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 state = Path(os.environ["ALIBI_HUB_STATE"])
 port = int(os.environ.get("ALIBI_HUB_PORT", "8000"))
-roster = json.loads((state / "roster.json").read_text())
+roster = json.loads((state / "private" / "roster.json").read_text())
 roles = {m["name"]: m["role"] for m in roster["members"]}
 venv_bin = str(Path(roster["python"]).parent)
 
@@ -22,14 +22,16 @@ c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = port + 1
 c.ConfigurableHTTPProxy.command = [str(state / "node_modules" / ".bin" / "configurable-http-proxy")]
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{port + 2}"
-c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
-c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
-c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+private = state / "private"  # root's alone (autograder/hub.py)
+c.ConfigurableHTTPProxy.pid_file = str(private / "jupyterhub-proxy.pid")
+c.JupyterHub.db_url = f"sqlite:///{private / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(private / "jupyterhub_cookie_secret")
 
-# the roster's users alone, each setting a password the first time they log in
+# the roster's users alone, with the passwords the set-up gave them (private/initial-passwords.csv), which
+# FirstUseAuthenticator checks and lets them change (/hub/auth/change-password)
 c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
 c.FirstUseAuthenticator.create_users = False
-c.FirstUseAuthenticator.dbm_path = str(state / "passwords.dbm")
+c.FirstUseAuthenticator.dbm_path = str(private / "passwords.dbm")
 c.FirstUseAuthenticator.min_password_length = 8
 c.Authenticator.allowed_users = set(roles)
 

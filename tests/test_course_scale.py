@@ -462,6 +462,9 @@ def test_release_fetch_submit_collect_grade_feedback_export(tmp_path):
     (inbound / "stolen.ipynb").symlink_to(course / "source" / "hw1" / "squares.ipynb")
     # and mallory's whole submission is a link to the source folder
     (inbound.parent / inbound.name.replace("bob+", "mallory+")).symlink_to(course / "source" / "hw1")
+    # and someone hands bob's answers in as alice's, stamped in the future to outrank her every later submission
+    forged = inbound.parent / "alice+hw1+2099-01-01 00:00:00.000000 UTC+forged"
+    shutil.copytree(inbound, forged, ignore=shutil.ignore_patterns("stolen.ipynb"))
     assert main(["collect", "--course", str(course)]) == 0
     assert not (course / "submitted" / "bob" / "hw1" / "stolen.ipynb").exists(), "a link in the inbound was followed"
     assert not (course / "submitted" / "mallory" / "hw1").exists(), "a submission that is a link was followed"

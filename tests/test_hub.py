@@ -87,7 +87,7 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
                            stdout=open(tmp_path / "hub.log", "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        def log_in(user: str) -> requests.Session:
+        def log_in(user: str, password: str, tries: int = 90) -> requests.Session:
             s = requests.Session()
             for _ in range(120):  # the hub first sets the class up, then its proxy answers before it does
                 try:
@@ -99,9 +99,8 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
                 assert hub.poll() is None, f"the hub stopped: {(tmp_path / 'hub.log').read_text()[-3000:]}"
                 time.sleep(1)
             xsrf = s.cookies.get("_xsrf") or re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
-            s.post(f"{base}/hub/login?next=", data={"username": user, "password": "first-use-password", "_xsrf": xsrf},
-                   timeout=180)
-            for _ in range(90):  # the server starting, as the user: then its nbgrader API answers
+            s.post(f"{base}/hub/login?next=", data={"username": user, "password": password, "_xsrf": xsrf}, timeout=180)
+            for _ in range(tries):  # the server starting, as the user: then its nbgrader API answers
                 listed = s.get(f"{base}/user/{user}/assignments?course_id=hubtest", timeout=60)
                 if listed.status_code == 200 and listed.url.startswith(f"{base}/user/{user}/"):
                     return s
@@ -109,7 +108,11 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
             raise AssertionError(f"{user}'s server did not start: {listed.status_code} {listed.url}\n"
                                  f"{(tmp_path / 'hub.log').read_text()[-3000:]}")
 
-        ann, teach = log_in("hubtest-ann"), log_in("hubtest-teach")
+        with pytest.raises(AssertionError, match="did not start"):  # nobody claims an account by logging in first
+            log_in("hubtest-teach", "a-password-of-ones-own", tries=3)
+        given = dict(line.split(",") for line in (state / "private" / "initial-passwords.csv").read_text().split())
+        assert oct((state / "private").stat().st_mode & 0o777) == "0o700"
+        ann, teach = log_in("hubtest-ann", given["hubtest-ann"]), log_in("hubtest-teach", given["hubtest-teach"])
         for user in ("hubtest-ann", "hubtest-teach"):  # each server is its user's own process
             running = subprocess.run(["ps", "-ww", "-u", user, "-o", "args="], capture_output=True, text=True).stdout
             assert "jupyterhub-singleuser" in running, (user, running)
@@ -118,11 +121,28 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
         assert [a["assignment_id"] for a in listed["value"]] == ["hw1"], listed
         assert ann.get(f"{base}/user/hubtest-ann/formgrader", timeout=30).status_code == 404
         assert teach.get(f"{base}/user/hubtest-teach/formgrader", timeout=30).status_code == 200
-        # another's server, another's home, the course root: refused
+        managed = teach.get(f"{base}/user/hubtest-teach/formgrader/api/assignments", timeout=60)
+        assert [a["name"] for a in managed.json()] == ["hw1"], managed.text[:500]  # formgrader is in the course
+        # another's server, another's home, the course root, the solutions, the hub's secrets: refused
         assert ann.get(f"{base}/user/hubtest-ben/lab", timeout=30).status_code in (403, 404)
-        for folder in ("/home/hubtest-ben", "/home/hubtest-teach/hubtest"):
+        for folder in ("/home/hubtest-ben", "/home/hubtest-teach/hubtest", str(ROOT / "solutions"),
+                       str(state / "private")):
             assert subprocess.run(["runuser", "-u", "hubtest-ann", "--", "ls", folder],
                                   capture_output=True).returncode != 0, folder
+        # a submission one student makes in another's name: the exchange's inbound is every student's to write
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S.000000 UTC", time.gmtime())
+        forged = tmp_path / "exchange" / "hubtest" / "inbound" / f"hubtest-ben+hw1+{stamp}+forged"
+        subprocess.run(["runuser", "-u", "hubtest-ann", "--", "mkdir", str(forged)], check=True)
+        subprocess.run(["runuser", "-u", "hubtest-ann", "--", "sh", "-c",
+                        f"echo '{{\"cells\": [], \"metadata\": {{}}, \"nbformat\": 4, \"nbformat_minor\": 5}}' "
+                        f"> '{forged}/03_slope_zero.ipynb'"], check=True)
+        course = Path("/home/hubtest-teach/hubtest")
+        collected = subprocess.run(["runuser", "-u", "hubtest-teach", "--", "env", "HOME=/home/hubtest-teach",
+                                    f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", sys.executable, "-m",
+                                    "autograder", "collect", "--course", str(course)],
+                                   cwd="/tmp", capture_output=True, text=True)
+        assert collected.returncode == 0, collected.stderr[-2000:]
+        assert not (course / "submitted" / "hubtest-ben").exists(), "a submission made in another's name was collected"
     finally:
         os.killpg(hub.pid, 15)
         try:
