@@ -112,8 +112,9 @@ def _hub(parser, args) -> int:
         hub = start(served, args.port)
     except (FileNotFoundError, PermissionError, ValueError, RuntimeError) as err:
         parser.error(str(err))
-    print(f"JupyterHub for {len(served.members)} users at http://127.0.0.1:{args.port}/ (each sets a password the "
-          f"first time they log in); the course root is {served.course_root}. Ctrl-C stops it.", flush=True)
+    print(f"JupyterHub for {len(served.members)} users at http://127.0.0.1:{args.port}/; their passwords, to hand "
+          f"out, are in {served.private / 'initial-passwords.csv'}; the course root is {served.course_root}. "
+          "Ctrl-C stops it.", flush=True)
     try:
         return hub.wait()
     except KeyboardInterrupt:

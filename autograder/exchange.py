@@ -56,6 +56,15 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
     a link, or a link inside one): nbgrader's copytree would read what it names (the instructor's solutions, as
     root) into submitted/. Otherwise nbgrader's ``do_copy``: its size limit, ignore rules and group modes."""
 
+    def _path_to_record(self, path):
+        """nbgrader's record of an inbound folder; one whose name does not parse (anyone can make one) is kept as
+        unreadable, for ``_forged`` to leave out, instead of failing the whole collect."""
+        try:
+            return super()._path_to_record(path)
+        except Exception as err:  # nbgrader's self.fail, or the date parser's error
+            return {"username": os.path.basename(path).split("+")[0], "filename": os.path.basename(path),
+                    "timestamp": datetime.datetime(1970, 1, 1), "unreadable": f"its name does not parse ({err})"}
+
     def _sort_by_timestamp(self, records):
         """Newest first, as nbgrader has it, with a student's genuine submissions before any forged one (``init_src``
         then drops what is left of those): so a forged folder never hides a genuine one."""
@@ -74,6 +83,8 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
         on this machine (a class served by ``autograder hub``), a folder another account made in their name (the
         exchange's inbound is writable by every student); and a time stamp from the future, which would outrank
         every later real submission."""
+        if record.get("unreadable"):
+            return record["unreadable"]
         path = os.path.join(self.inbound_path, record["filename"])
         try:
             owner, made_by = pwd.getpwnam(record["username"]).pw_uid, os.lstat(path).st_uid
@@ -84,9 +95,17 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
         now = datetime.datetime.now(datetime.timezone.utc)
         stamp = record["timestamp"] if record["timestamp"].tzinfo else record["timestamp"].replace(
             tzinfo=datetime.timezone.utc)
-        return f"time stamp {record['timestamp']} in the future" if stamp > now + datetime.timedelta(minutes=5) else ""
+        # a day's slack: nbgrader reads a stamp whose zone it does not know as UTC, hours off
+        return f"time stamp {record['timestamp']} in the future" if stamp > now + datetime.timedelta(days=1) else ""
 
     def do_copy(self, src, dest, log=None):
+        try:
+            self._copy_without_links(src, dest)
+        except (OSError, shutil.Error) as err:  # a file of the student's grading cannot read: theirs alone
+            self.log.warning("left out %s: %s", src, str(err)[:300])
+            shutil.rmtree(dest, ignore_errors=True)
+
+    def _copy_without_links(self, src, dest):
         if os.path.islink(src) or not os.path.isdir(src):
             self.log.warning("left out %s: a link, or not a folder, which grading does not follow", src)
             return

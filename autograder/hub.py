@@ -170,9 +170,18 @@ def _check_reachable(name: str) -> None:
             f"PYTHON=/usr/bin/python3`), or let accounts pass through the folder that holds it")
 
 
-def prepare_exchange(exchange: Path) -> None:
-    exchange.mkdir(parents=True, exist_ok=True)
-    exchange.chmod(0o1777)
+def prepare_exchange(c: Class) -> None:
+    """The exchange (1777), and in it the course's folder made now, the first instructor's, before any student
+    could make it: with groupshared nbgrader no longer checks who owns it."""
+    c.exchange.mkdir(parents=True, exist_ok=True)
+    c.exchange.chmod(0o1777)
+    course, owner = c.exchange / c.course_id, pwd.getpwnam(c.instructors[0])
+    if course.is_symlink() or (course.exists() and course.stat().st_uid not in (0, owner.pw_uid)):
+        raise ValueError(f"{course} was made by someone else (uid {course.lstat().st_uid}): expected the first "
+                         f"instructor's, or nothing there yet; move it away and run again")
+    course.mkdir(exist_ok=True)
+    shutil.chown(course, owner.pw_name, c.group)
+    course.chmod(0o2775)
 
 
 def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
@@ -184,6 +193,7 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
         subprocess.run(["groupadd", c.group], check=True)
     # exactly the roster's instructors: one dropped from it, or now a student, loses the course root
     subprocess.run(["gpasswd", "--members", ",".join(c.instructors), c.group], check=True, capture_output=True)
+    prepare_exchange(c)
     root, owner = c.course_root, c.instructors[0]
     home = root.parent
     home.chmod(0o710)  # the other instructors pass through the owner's home to the course root, and see nothing else
@@ -222,9 +232,12 @@ def course_config(c: Class) -> str:
 
 
 def hide_from_students() -> None:
-    """What of the checkout no student may read: the instructor's solutions, and any grading run's folder. The
-    rest stays readable: every user's server imports this checkout's packages."""
-    for private in (CHECKOUT / "solutions", CHECKOUT / "grading", CHECKOUT / "gradebook.db"):
+    """What of the checkout no student may read: the instructor's solutions, the history that holds them, the
+    sample class (whose ada answers everything) and any grading run's folder. The rest stays readable: every
+    user's server imports this checkout's packages (the checks' references with them, as in any student's own
+    session: grading is where they are out of reach)."""
+    for private in (CHECKOUT / "solutions", CHECKOUT / ".git", CHECKOUT / "autograder" / "sample_class",
+                    CHECKOUT / "grading", CHECKOUT / "gradebook.db"):
         if private.exists() and not private.is_symlink():
             subprocess.run(["chmod", "-R", "o-rwx", str(private)], check=True)
 
@@ -245,7 +258,6 @@ def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Pa
     for m in members:
         ensure_account(m.name)
     _check_reachable(members[0].name)
-    prepare_exchange(c.exchange)
     c.private.mkdir(parents=True, exist_ok=True)
     c.state.chmod(0o711)  # the users' servers pass through to their role's config, and list nothing
     c.private.chmod(0o700)

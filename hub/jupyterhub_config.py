@@ -34,6 +34,7 @@ c.FirstUseAuthenticator.create_users = False
 c.FirstUseAuthenticator.dbm_path = str(private / "passwords.dbm")
 c.FirstUseAuthenticator.min_password_length = 8
 c.Authenticator.allowed_users = set(roles)
+c.Authenticator.allow_existing_users = False  # one dropped from the roster is no longer let in
 
 # each server runs as its user's own system account (LocalProcessSpawner), in JupyterLab
 c.Spawner.cmd = [f"{venv_bin}/jupyterhub-singleuser"]

@@ -465,10 +465,16 @@ def test_release_fetch_submit_collect_grade_feedback_export(tmp_path):
     # and someone hands bob's answers in as alice's, stamped in the future to outrank her every later submission
     forged = inbound.parent / "alice+hw1+2099-01-01 00:00:00.000000 UTC+forged"
     shutil.copytree(inbound, forged, ignore=shutil.ignore_patterns("stolen.ipynb"))
+    # a folder whose name nbgrader cannot parse, and one holding a named pipe: each costs its own folder alone
+    (inbound.parent / "carol+hw1+not a date").mkdir()
+    pipe = inbound.parent / inbound.name.replace("bob+", "dave+")
+    pipe.mkdir()
+    os.mkfifo(pipe / "squares.ipynb")
     assert main(["collect", "--course", str(course)]) == 0
     assert not (course / "submitted" / "bob" / "hw1" / "stolen.ipynb").exists(), "a link in the inbound was followed"
     assert not (course / "submitted" / "mallory" / "hw1").exists(), "a submission that is a link was followed"
-    shutil.rmtree(course / "submitted" / "mallory")  # the empty folder nbgrader's collect made for it
+    for left_out in ("mallory", "dave", "carol"):  # the empty folders nbgrader's collect made for them
+        shutil.rmtree(course / "submitted" / left_out, ignore_errors=True)
     assert sorted(p.name for p in (course / "submitted").iterdir()) == ["alice", "bob"]
     out = tmp_path / "out"
     assert main(["grade", str(course / "submitted"), "--course", str(course), "--output", str(out), "--no-progress",

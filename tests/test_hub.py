@@ -125,8 +125,8 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
         assert [a["name"] for a in managed.json()] == ["hw1"], managed.text[:500]  # formgrader is in the course
         # another's server, another's home, the course root, the solutions, the hub's secrets: refused
         assert ann.get(f"{base}/user/hubtest-ben/lab", timeout=30).status_code in (403, 404)
-        for folder in ("/home/hubtest-ben", "/home/hubtest-teach/hubtest", str(ROOT / "solutions"),
-                       str(state / "private")):
+        for folder in ("/home/hubtest-ben", "/home/hubtest-teach/hubtest", str(ROOT / "solutions"), str(ROOT / ".git"),
+                       str(ROOT / "autograder" / "sample_class"), str(state / "private")):
             assert subprocess.run(["runuser", "-u", "hubtest-ann", "--", "ls", folder],
                                   capture_output=True).returncode != 0, folder
         # a submission one student makes in another's name: the exchange's inbound is every student's to write
