@@ -53,23 +53,23 @@ def lms_rows(db_url: str, course_id: str | None = None) -> list[list]:
             prefix = f"{assignment.name}/" if len(assignments) > 1 else ""
             for nb in sorted(assignment.notebooks, key=lambda nb: nb.name):
                 header += [f"{prefix}{nb.name} autograded", f"{prefix}{nb.name} by hand"]
-                auto = notebook_points(gb, nb.name, assignment.name).auto_max  # grades.csv's: test cells alone
-                possible += [_points(auto), _points(nb.max_score - auto)]
-                columns.append((assignment.name, nb.name))
+                points = notebook_points(gb, nb.name, assignment.name)  # grades.csv's: test cells alone
+                possible += [_points(points.auto_max), _points(nb.max_score - points.auto_max)]
+                columns.append((assignment.name, nb.name, points))
             header.append(f"{assignment.name} total")
             possible.append(_points(assignment.max_score))
-            columns.append((assignment.name, None))
+            columns.append((assignment.name, None, None))
         rows = [header, possible]
         for student in sorted(gb.students, key=lambda s: s.id):
             row, total = [student.id, "", student.id, student.id, ""], 0.0
-            for assignment, name in columns:
+            for assignment, name, points in columns:
                 if name is None:  # the assignment's total closes its columns
                     row.append(_points(total))
                     total = 0.0
                     continue
                 try:
                     graded = gb.find_submission_notebook(name, assignment, student.id)
-                    auto = notebook_points(gb, name, assignment).autograded(graded)
+                    auto = points.autograded(graded)
                     by_hand = graded.score - auto
                 except MissingEntry:  # nothing handed in for this notebook
                     auto, by_hand = 0.0, 0.0

@@ -94,15 +94,17 @@ def _first_error(log: str) -> str:
 def copy_root_files(course, to_root: Path) -> str:
     """The course root's files that its configuration names relative to the root (``Course.root_files``), copied to
     the same places under ``to_root``, where nbgrader reads them when it works there; their digest."""
-    for name in course.root_files():
+    names = course.root_files()
+    for name in names:
         (to_root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(course.config_file.parent / name, to_root / name)
-    return root_files_hash(course)
+    return root_files_hash(course, names)
 
 
-def root_files_hash(course) -> str:
+def root_files_hash(course, names: list[str] | None = None) -> str:
+    """The digest of the root files ``names`` (default: ``course.root_files()``, which runs its configuration)."""
     digest = hashlib.sha256()
-    for name in course.root_files():
+    for name in course.root_files() if names is None else names:
         digest.update(name.encode() + b"\0" + (course.config_file.parent / name).read_bytes())
     return digest.hexdigest()
 

@@ -29,6 +29,7 @@ class Report:
         report = cls(s.output, s.db_url, s.course.course_id, [(a, n) for a, nbs in releases.items() for n in nbs])
         several = len(releases) > 1
         passed: dict[str, list[bool]] = {}
+        points_of: dict[tuple[str, str], Points] = {}
         with Gradebook(s.db_url, s.course.course_id) as gb:
             for submission in class_:
                 assignment = submission.assignment
@@ -37,7 +38,9 @@ class Report:
                     status, reason = state.get("status", "error"), state.get("reason", "")
                     if status == "graded" and state.get("failed"):
                         reason = "failed " + ", ".join(f"{k} ({v})" for k, v in state["failed"].items())
-                    points = notebook_points(gb, name, assignment)
+                    if (assignment, name) not in points_of:  # the course's, the same for every student
+                        points_of[assignment, name] = notebook_points(gb, name, assignment)
+                    points = points_of[assignment, name]
                     score, max_score = 0.0, points.auto_max
                     failed = failures.get((submission.student, assignment), {})
                     why = failed.get(name) or failed.get("*")
@@ -49,8 +52,7 @@ class Report:
                             score = points.autograded(graded)
                             reason = "; ".join(part for part in (reason, points.waiting(graded)) if part)
                             for grade in graded.grades:
-                                if grade.cell_type == "code" and grade.name not in points.by_hand \
-                                        and name in submission.notebooks:
+                                if points.is_test(grade) and name in submission.notebooks:
                                     key = f"{assignment}/{name}/{grade.name}" if several else f"{name}/{grade.name}"
                                     passed.setdefault(key, []).append((grade.auto_score or 0) >= grade.max_score)
                         except MissingEntry:
@@ -166,9 +168,13 @@ class Points:
     auto_max: float
     by_hand: dict[str, tuple[str, float]]  # grade id -> (cell type, points)
 
+    def is_test(self, grade) -> bool:
+        """Whether a grade is a test cell's, autograded."""
+        return grade.cell_type == "code" and grade.name not in self.by_hand
+
     def autograded(self, graded) -> float:
         """The submitted notebook's points from its test cells."""
-        return float(sum(g.score for g in graded.grades if g.cell_type == "code" and g.name not in self.by_hand))
+        return float(sum(g.score for g in graded.grades if self.is_test(g)))
 
     def waiting(self, graded) -> str:
         """What a row says of the points by hand that it does not count: the code cells graded by hand (which
