@@ -27,7 +27,7 @@ test: $(STAMP) $(SYSTEM) $(KERNEL) lint
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
-	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions
+	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions deploy
 
 # regenerate the student release course/ from the instructor's solutions/
 release: $(STAMP)

@@ -5,6 +5,7 @@
     feedback            regenerate the feedback with the points given by hand; --release: into the exchange
     export              final grades, autograded and by hand, as a CSV an LMS imports
     hub                 serve the course to a class with JupyterHub, one system account per user (as root)
+    kubernetes          the class's values for Zero to JupyterHub on Kubernetes, from a roster
 """
 
 from __future__ import annotations
@@ -68,9 +69,18 @@ def main(argv=None) -> int:
                    help="nbgrader's exchange (default /srv/nbgrader/exchange)")
     h.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1 (default 8000; it also "
                                                           "takes the two above it)")
+    k = sub.add_parser("kubernetes", help="the class's values for Zero to JupyterHub, beside "
+                                          "deploy/kubernetes/values.yaml (docs/deploying.md, \"Kubernetes\")")
+    k.add_argument("--roster", type=Path, default=Path("hub/roster.csv"),
+                   help="CSV with columns username,role (student or instructor) (default hub/roster.csv)")
+    k.add_argument("--course-id", default="alibi", help="the nbgrader course id (default alibi)")
+    k.add_argument("--prepare-volumes", metavar="IMAGE", default=None,
+                   help="write instead the one-off Job that lays out the exchange and the course root, run in IMAGE")
     args = parser.parse_args(argv)
     if args.command == "hub":
         return _hub(parser, args)
+    if args.command == "kubernetes":
+        return _kubernetes(parser, args)
     from .grade import grade
 
     if args.command == "export":
@@ -120,6 +130,28 @@ def _hub(parser, args) -> int:
     except KeyboardInterrupt:
         hub.terminate()
         return hub.wait()
+
+
+def _kubernetes(parser, args) -> int:
+    import yaml
+
+    from .hub import COURSE_ID, read_roster
+    from .kubernetes import class_values, prepare_volumes_job
+
+    if not COURSE_ID.match(args.course_id):
+        parser.error(f"course id {args.course_id!r}: expected letters, digits, _ or -, at most 31")
+    try:
+        made = (prepare_volumes_job(args.course_id, args.prepare_volumes) if args.prepare_volumes
+                else class_values(read_roster(args.roster), args.course_id))
+    except (FileNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    class Dumper(yaml.SafeDumper):  # files' text as YAML's literal blocks, readable as they will be in the pod
+        def represent_str(self, text):
+            return self.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+    Dumper.add_representer(str, Dumper.represent_str)
+    sys.stdout.write(yaml.dump(made, Dumper=Dumper, sort_keys=False, width=120))
+    return 0
 
 
 def _collect(parser, args) -> int:

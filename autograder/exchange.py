@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import ignore_patterns
+from traitlets import Enum
 
 from .course import CONFIG_FILE, load_config
 
@@ -56,6 +57,11 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
     a link, or a link inside one): nbgrader's copytree would read what it names (the instructor's solutions, as
     root) into submitted/. Otherwise nbgrader's ``do_copy``: its size limit, ignore rules and group modes."""
 
+    accounts = Enum(["system", "pods"], default_value="system", config=True, help=(
+        "Whose uid each inbound folder must have been made by: 'system', the named student's account on this "
+        "machine where there is one (a class served by `autograder hub`); 'pods', the uid the student's pod runs as "
+        "on Kubernetes (autograder.kubernetes.pod_uid), which no account of the instructor's pod names"))
+
     def _path_to_record(self, path):
         """nbgrader's record of an inbound folder; one whose name does not parse (anyone can make one) is kept as
         unreadable, for ``_forged`` to leave out, instead of failing the whole collect."""
@@ -79,15 +85,14 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
             self.src_records.remove(record)
 
     def _forged(self, record) -> str:
-        """Why a folder in inbound is not the submission it is named as, or "": where the student has an account
-        on this machine (a class served by ``autograder hub``), a folder another account made in their name (the
-        exchange's inbound is writable by every student); and a time stamp from the future, which would outrank
-        every later real submission."""
+        """Why a folder in inbound is not the submission it is named as, or "": a folder another uid made in the
+        name of a student whose uid is known (``accounts``; the exchange's inbound is writable by every student);
+        and a time stamp from the future, which would outrank every later real submission."""
         if record.get("unreadable"):
             return record["unreadable"]
         path = os.path.join(self.inbound_path, record["filename"])
         try:
-            owner, made_by = pwd.getpwnam(record["username"]).pw_uid, os.lstat(path).st_uid
+            owner, made_by = self._uid_of(record["username"]), os.lstat(path).st_uid
         except (KeyError, OSError):
             owner = made_by = None
         if owner is not None and made_by != owner:
@@ -97,6 +102,14 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
             tzinfo=datetime.timezone.utc)
         # a day's slack: nbgrader reads a stamp whose zone it does not know as UTC, hours off
         return f"time stamp {record['timestamp']} in the future" if stamp > now + datetime.timedelta(days=1) else ""
+
+    def _uid_of(self, student: str) -> int:
+        """The uid the student's own submissions are made by; KeyError where the machine has no account of theirs."""
+        if self.accounts == "pods":
+            from .kubernetes import pod_uid
+
+            return pod_uid(student)
+        return pwd.getpwnam(student).pw_uid
 
     def do_copy(self, src, dest, log=None):
         try:

@@ -136,23 +136,31 @@ def give_passwords(c: Class) -> Path:
     return given
 
 
+def role_config(role: str, course_id: str, exchange: str, course_root: str) -> dict[str, str]:
+    """A role's Jupyter config folder, as {path inside it: text} (the spawner points JUPYTER_CONFIG_PATH at it):
+    nbgrader's course id and exchange for everyone; students' servers without the instructors' extensions. One
+    source for the hub on this machine and the one on Kubernetes (``autograder.kubernetes``)."""
+    off = role == "student"
+    return {
+        "nbgrader_config.py": "c = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.course_id = {course_id!r}\n"
+        f"c.Exchange.root = {exchange!r}\n"
+        # formgrader works in the course root, wherever the instructor's server starts
+        + (f"c.CourseDirectory.root = {course_root!r}\n" if role == "instructor" else ""),
+        "labconfig/page_config.json": json.dumps({"disabledExtensions": {name: off for name in INSTRUCTORS_ONLY_LAB}},
+                                                 indent=1),
+        "jupyter_server_config.json": json.dumps(
+            {"ServerApp": {"jpserver_extensions": {name: not off for name in INSTRUCTORS_ONLY_SERVER}}}, indent=1),
+    }
+
+
 def write_role_config(c: Class) -> None:
-    """One Jupyter config folder per role (the spawner points JUPYTER_CONFIG_PATH at it): nbgrader's course id
-    and exchange for everyone; students' servers without the instructors' extensions."""
+    """Each role's config folder under STATE/config, readable by every user's server."""
     for role in ROLES:
         folder = c.state / "config" / role
-        (folder / "labconfig").mkdir(parents=True, exist_ok=True)
-        (folder / "nbgrader_config.py").write_text(
-            "c = get_config()  # noqa: F821\n"
-            f"c.CourseDirectory.course_id = {c.course_id!r}\n"
-            f"c.Exchange.root = {str(c.exchange)!r}\n"
-            # formgrader works in the course root, wherever the instructor's server starts
-            + (f"c.CourseDirectory.root = {str(c.course_root)!r}\n" if role == "instructor" else ""))
-        off = role == "student"
-        (folder / "labconfig" / "page_config.json").write_text(json.dumps(
-            {"disabledExtensions": {name: off for name in INSTRUCTORS_ONLY_LAB}}, indent=1))
-        (folder / "jupyter_server_config.json").write_text(json.dumps(
-            {"ServerApp": {"jpserver_extensions": {name: not off for name in INSTRUCTORS_ONLY_SERVER}}}, indent=1))
+        for name, text in role_config(role, c.course_id, str(c.exchange), str(c.course_root)).items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
     config = c.state / "config"
     for path in [*config.rglob("*"), config]:  # every user's server reads its role's folder
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -205,7 +213,7 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
         shutil.copytree(source, root / "source", dirs_exist_ok=True)
     config = root / "nbgrader_config.py"
     config.unlink(missing_ok=True)
-    config.write_text(course_config(c))
+    config.write_text(course_config(c.course_id, str(root), str(c.exchange)))
     subprocess.run(["chown", "-R", "--no-dereference", f"{owner}:{c.group}", str(root)], check=True)
     subprocess.run(["chmod", "-R", "u+rwX,g+rwX,o-rwx", str(root)], check=True)
     subprocess.run(["find", str(root), "-type", "d", "-exec", "chmod", "g+s", "{}", "+"], check=True)
@@ -219,16 +227,18 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
                 raise RuntimeError(f"nbgrader {step} {assignment} as {owner} failed:\n{done.stdout}{done.stderr}")
 
 
-def course_config(c: Class) -> str:
+def course_config(course_id: str, course_root: str, exchange: str, collect_accounts: str = "system") -> str:
     """The course root's nbgrader_config.py: this repository's (its checks, judged by the grader, and what its
-    kernels preload), with the course root, its folders, the exchange and the instructors' sharing set on top."""
-    return ((CHECKOUT / "nbgrader_config.py").read_text() + "\n\n# the course served by the hub (autograder/hub.py)\n"
-            f"c.CourseDirectory.course_id = {c.course_id!r}\n"
-            f"c.CourseDirectory.root = {str(c.course_root)!r}\n"
+    kernels preload), with the course root, its folders, the exchange and the instructors' sharing set on top;
+    ``collect_accounts``: whose uids the collect checks inbound folders against (``exchange.py``)."""
+    return ((CHECKOUT / "nbgrader_config.py").read_text() + "\n\n# the course served to the class (autograder/hub.py)\n"
+            f"c.CourseDirectory.course_id = {course_id!r}\n"
+            f"c.CourseDirectory.root = {course_root!r}\n"
             'c.CourseDirectory.source_directory = "source"\n'
             'c.CourseDirectory.release_directory = "release"\n'
             "c.CourseDirectory.groupshared = True  # what one instructor writes, the others can grade\n"
-            f"c.Exchange.root = {str(c.exchange)!r}\n")
+            f"c.Exchange.root = {exchange!r}\n"
+            f"c.CollectWithoutFollowingLinks.accounts = {collect_accounts!r}\n")
 
 
 def hide_from_students() -> None:
