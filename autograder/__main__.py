@@ -41,6 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap",
                    help="bwrap (default) isolates each kernel; none runs student code unisolated")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--for-formgrader", action="store_true",
+                   help="also put the autograded notebooks in the course root's autograded/, where nbgrader's "
+                        "formgrader shows them for grading by hand (with --db the course's gradebook)")
     e = sub.add_parser("export", help="final grades (autograded and by hand) as a CSV an LMS imports")
     e.add_argument("--output", type=Path, default=Path("grading"), help="the grading run's folder (default ./grading)")
     e.add_argument("--db", default=None, help="gradebook SQLAlchemy URL (default: sqlite in OUTPUT)")
@@ -101,12 +104,16 @@ def main(argv=None) -> int:
         course = Course.find(args.course, args.assignment)
     except FileNotFoundError as err:
         parser.error(str(err))
+    if args.for_formgrader and course.config_file is None:
+        parser.error(f"--for-formgrader needs an nbgrader course root (with nbgrader_config.py) as --course, got "
+                     f"{course.source}")
     from .grade import StudentsNotFound
 
     try:
         report = grade(args.submissions, args.output, course=course, students=args.student, workers=args.workers,
                        timeout=args.timeout, cell_timeout=args.cell_timeout, memory_gib=args.memory, db=args.db,
-                       sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress)
+                       sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress,
+                       for_formgrader=args.for_formgrader)
     except StudentsNotFound as err:
         parser.error(str(err))
     print(report.table())

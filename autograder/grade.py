@@ -51,13 +51,14 @@ def _stage(s: Settings, submission: Submission, notebooks) -> None:
 
 def grade(submissions, output="grading", *, course=None, assignments=None, students=None, workers: int | None = None,
           timeout: int = 120, cell_timeout: int = 60, memory_gib: float = 3.0, db: str | None = None,
-          sandbox: bool = True, scheduler: str | None = None, progress: bool = True):
+          sandbox: bool = True, scheduler: str | None = None, progress: bool = True, for_formgrader: bool = False):
     """Grade every submission in ``submissions``; returns the Report (also written to ``output``).
 
     ``course``: a Course, or the folder ``Course.find`` takes (default: this repository's course);
     ``assignments``: which of its assignments (default: all); ``students``: which student ids among the
     submissions (default: all; one that is not there raises StudentsNotFound). ``scheduler``: a Dask scheduler's
-    address to fan the jobs out to (default: a local pool of ``workers`` processes).
+    address to fan the jobs out to (default: a local pool of ``workers`` processes). ``for_formgrader``: also
+    put the autograded notebooks in the course root's autograded/ (``show_in_formgrader``).
     """
     from .report import Report
 
@@ -65,6 +66,9 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
     submissions = Path(submissions).resolve()
     if not isinstance(course, Course):
         course = Course.find(course, assignments)
+    if for_formgrader and course.config_file is None:
+        raise ValueError(f"{course.source} is not an nbgrader course root (no nbgrader_config.py): formgrader has "
+                         "no course root to show the grades in")
     s = Settings(
         output=output, db_url=db or f"sqlite:///{output / 'gradebook.db'}",
         workers=workers or os.cpu_count() or 1, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
@@ -108,7 +112,26 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
         failures = _run(s, todo, progress)
     report = Report.build(s, class_, releases, failures)
     report.write()
+    if for_formgrader:
+        show_in_formgrader(s, class_)
     return report
+
+
+def show_in_formgrader(s: Settings, class_: list[Submission]) -> None:
+    """Each graded student's autograded notebooks (their outputs sanitised, ``feedback.py``) copied into the course
+    root's autograded/ folder, where nbgrader's formgrader reads the notebooks it shows for grading by hand: the
+    gradebook (``db``, the course's own) lists a submission there only where its autograded notebook is."""
+    from .course import load_config
+
+    root = s.course.config_file.parent
+    shown = (root / load_config(s.course.config_file).CourseDirectory.get("autograded_directory", "autograded"))
+    for submission in class_:
+        graded = s.output / "course" / "autograded" / submission.student / submission.assignment
+        target = shown / submission.student / submission.assignment
+        if not graded.is_dir() or not target.resolve().is_relative_to(shown.resolve()):
+            continue  # nothing graded (an invalid id, no readable notebook), or an id that names another folder
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(graded, target, symlinks=True)
 
 
 class StudentsNotFound(ValueError):

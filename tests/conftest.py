@@ -70,7 +70,7 @@ FAST = {"cell_timeout": 20, "timeout": 45, "workers": 2, "progress": False}
 # need no grading; the course-scale file, whose last tests read the graded class, a few files later, so that it
 # reaches them after the class is graded (a test that reaches the class sooner waits for it); the rest longest
 # first, the browser (which reads the class too) late.
-LONGEST_FIRST = ("test_sample_class.py", "test_fused_paths.py", "test_bench.py", "test_course_scale.py",
+LONGEST_FIRST = ("test_sample_class.py", "test_fused_paths.py", "test_bench.py", "test_course_scale.py", "test_hub.py",
                  "test_autograder.py", "test_notebooks.py", "test_jax.py", "test_padding.py", "test_extrapolation.py",
                  "test_checks.py", "test_browser.py")
 

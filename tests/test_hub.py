@@ -1,5 +1,5 @@
-"""The class served by JupyterHub (autograder/hub.py): the roster read strictly, then a real hub on 127.0.0.1
-with real system accounts, where the machine allows them."""
+"""The class served by JupyterHub (autograder/hub.py): the roster read strictly, then a class taking an assignment
+through a real hub on 127.0.0.1, with real system accounts, in chromium, where the machine allows them."""
 
 import contextlib
 import os
@@ -64,9 +64,30 @@ def _three_free_ports() -> int:
     raise AssertionError("no three free ports in a row from 8230 on")
 
 
+def _why_no_browser() -> str | None:
+    from test_browser import CHROMIUM, sync_playwright
+
+    if sync_playwright is None:
+        return "Playwright is not installed (it is in requirements.txt)"
+    return None if os.path.exists(CHROMIUM) else "no chromium: `apt-get install chromium` (make test does)"
+
+
+RIGHT = "def squares(n):\n    return [i * i for i in range(n)]\n"
+WRONG = "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n"  # from 1: the visible test catches it
+
+
+@pytest.mark.browser
 @pytest.mark.skipif(_why_no_hub() is not None, reason=str(_why_no_hub()))
-def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader():
+@pytest.mark.skipif(_why_no_browser() is not None, reason=str(_why_no_browser()))
+def test_a_class_takes_an_assignment_through_the_hub_in_a_browser():
+    """Two students and an instructor log in to the hub in chromium. The students fetch the assignment, answer it
+    (one right, one wrong), validate and submit; the instructor collects and grades with this project's grader,
+    grades the written answer by hand in formgrader and releases the feedback; each student fetches theirs and
+    sees their own points, the hand-given one with them, and no hidden test. A student reaches neither another's
+    server nor formgrader, nor, as their account, another's files. Screenshots: browser-screenshots/hub-*.png."""
     import requests
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, expect, sync_playwright
+    from tiny_course import _source_notebooks
 
     # in /tmp itself: the users' servers and the first instructor read the hub's folders, which pytest's own
     # (root-only) temporary folders would hide from them
@@ -80,69 +101,168 @@ def test_each_user_gets_a_server_of_their_own_account_and_students_no_formgrader
     roster.write_text("username,role\nhubtest-teach,instructor\nhubtest-ann,student\nhubtest-ben,student\n")
     source = tmp_path / "source" / "hw1"
     source.mkdir(parents=True)
-    shutil.copy(ROOT / "solutions" / "alibi" / "03_slope_zero.ipynb", source)
+    import nbformat
+
+    nbformat.write(_source_notebooks()["hw1"]["squares"], source / "squares.ipynb")
     hub = subprocess.Popen([sys.executable, "-m", "autograder", "hub", "--roster", str(roster), "--state", str(state),
                             "--course-id", "hubtest", "--source", str(source.parent), "--exchange",
                             str(tmp_path / "exchange"), "--port", str(port)], cwd=ROOT, start_new_session=True,
                            stdout=open(tmp_path / "hub.log", "wb"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def log_in(user: str, password: str, tries: int = 90) -> requests.Session:
-            s = requests.Session()
-            for _ in range(120):  # the hub first sets the class up, then its proxy answers before it does
-                try:
-                    page = s.get(f"{base}/hub/login", timeout=5)
-                    if page.status_code == 200:
-                        break
-                except requests.RequestException:  # not listening yet, or the proxy waiting for the hub
-                    pass
-                assert hub.poll() is None, f"the hub stopped: {(tmp_path / 'hub.log').read_text()[-3000:]}"
-                time.sleep(1)
-            xsrf = s.cookies.get("_xsrf") or re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
-            s.post(f"{base}/hub/login?next=", data={"username": user, "password": password, "_xsrf": xsrf}, timeout=180)
-            for _ in range(tries):  # the server starting, as the user: then its nbgrader API answers
-                listed = s.get(f"{base}/user/{user}/assignments?course_id=hubtest", timeout=60)
-                if listed.status_code == 200 and listed.url.startswith(f"{base}/user/{user}/"):
-                    return s
-                time.sleep(1)
-            raise AssertionError(f"{user}'s server did not start: {listed.status_code} {listed.url}\n"
-                                 f"{(tmp_path / 'hub.log').read_text()[-3000:]}")
+    base, course = f"http://127.0.0.1:{port}", Path("/home/hubtest-teach/hubtest")
+    SHOTS.mkdir(exist_ok=True)
 
-        with pytest.raises(AssertionError, match="did not start"):  # nobody claims an account by logging in first
-            log_in("hubtest-teach", "a-password-of-ones-own", tries=3)
+    def hub_log() -> str:
+        return (tmp_path / "hub.log").read_text()[-3000:]
+
+    def as_user(user: str, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME=/home/{user}",
+                               f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", *command],
+                              cwd="/tmp", capture_output=True, text=True)
+
+    try:
+        for _ in range(180):  # the hub first sets the class up, then its proxy answers before it does
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{base}/hub/login", timeout=5).status_code == 200:
+                    break
+            assert hub.poll() is None, f"the hub stopped: {hub_log()}"
+            time.sleep(1)
         given = dict(line.split(",") for line in (state / "private" / "initial-passwords.csv").read_text().split())
         assert oct((state / "private").stat().st_mode & 0o777) == "0o700"
-        ann, teach = log_in("hubtest-ann", given["hubtest-ann"]), log_in("hubtest-teach", given["hubtest-teach"])
-        for user in ("hubtest-ann", "hubtest-teach"):  # each server is its user's own process
-            running = subprocess.run(["ps", "-ww", "-u", user, "-o", "args="], capture_output=True, text=True).stdout
-            assert "jupyterhub-singleuser" in running, (user, running)
-        # the released assignment in the student's Assignment List; formgrader for the instructor alone
-        listed = ann.get(f"{base}/user/hubtest-ann/assignments?course_id=hubtest", timeout=60).json()
-        assert [a["assignment_id"] for a in listed["value"]] == ["hw1"], listed
-        assert ann.get(f"{base}/user/hubtest-ann/formgrader", timeout=30).status_code == 404
-        assert teach.get(f"{base}/user/hubtest-teach/formgrader", timeout=30).status_code == 200
-        managed = teach.get(f"{base}/user/hubtest-teach/formgrader/api/assignments", timeout=60)
-        assert [a["name"] for a in managed.json()] == ["hw1"], managed.text[:500]  # formgrader is in the course
-        # another's server, another's home, the course root, the solutions, the hub's secrets: refused
-        assert ann.get(f"{base}/user/hubtest-ben/lab", timeout=30).status_code in (403, 404)
-        for folder in ("/home/hubtest-ben", "/home/hubtest-teach/hubtest", str(ROOT / "solutions"), str(ROOT / ".git"),
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+            def log_in(user: str, password: str):
+                page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+                page.set_default_timeout(120_000)
+                page.goto(f"{base}/hub/login")
+                page.fill("#username_input", user)
+                page.fill("#password_input", password)
+                page.click("#login_submit")
+                return page
+
+            # nobody claims an account by logging in first with a password of their own
+            intruder = log_in("hubtest-teach", "a-password-of-ones-own")
+            expect(intruder.locator(".login_error, #login_error_message, p.login_error")).to_contain_text("Invalid")
+            intruder.screenshot(path=str(SHOTS / "hub-0-wrong-password.png"))
+            intruder.context.close()
+
+            def open_lab(user: str):
+                page = log_in(user, given[user])
+                page.wait_for_url(f"{base}/user/{user}/lab**", timeout=180_000)
+                page.locator("#jp-main-dock-panel").wait_for()
+                return page
+
+            def assignments(page):
+                page.keyboard.press("Control+Shift+c")
+                page.locator('#modal-command-palette li[data-command="nbgrader:open-assignment-list"]').click()
+                page.locator("#released_assignments_list").wait_for()
+
+            def rows(page, kind: str, count: int):
+                listed = page.locator(f"#{kind}_assignments_list > .list_item")
+                expect(listed).to_have_count(count)
+                return listed
+
+            def answer_and_submit(user: str, code: str, written: str, passes: bool):
+                page = open_lab(user)
+                page.screenshot(path=str(SHOTS / f"hub-1-{user}-logged-in.png"))
+                assignments(page)
+                rows(page, "released", 1).first.locator(".item_status button").click()  # Fetch
+                rows(page, "fetched", 1)
+                page.screenshot(path=str(SHOTS / f"hub-2-{user}-fetched.png"))
+                page.locator('#fetched_assignments_list a:text("hw1")').click()
+                page.locator('#fetched_assignments_list a:text("squares")').click()
+                cell = page.locator(".jp-CodeCell").filter(has=page.locator(".cm-content", has_text="def squares"))
+                cell.locator(".cm-content").click()
+                page.keyboard.press("Control+a")
+                page.keyboard.insert_text(code)
+                written_cell = page.locator(".jp-MarkdownCell").filter(has_text="YOUR ANSWER HERE")
+                written_cell.dblclick()  # a rendered Markdown cell opens its editor on a double click
+                written_cell.locator(".cm-content").click()
+                page.keyboard.press("Control+a")
+                page.keyboard.insert_text(written)
+                page.keyboard.press("Shift+Enter")
+                page.keyboard.press("Control+s")
+                expect(page.locator(".lm-TabBar-tab.jp-mod-dirty")).to_have_count(0)
+                page.get_by_role("button", name="Validate").first.click()
+                dialog = page.locator(".jp-Dialog")
+                expect(dialog).not_to_contain_text("Validating", timeout=120_000)
+                expect(dialog).to_contain_text(re.compile("Success" if passes else "failed", re.IGNORECASE))
+                page.screenshot(path=str(SHOTS / f"hub-3-{user}-validated.png"))
+                dialog.get_by_role("button").last.click()
+                page.locator(".lm-TabBar-tab", has_text="Assignments").click()
+                rows(page, "fetched", 1).first.locator('.item_status button:text("Submit")').click()
+                rows(page, "submitted", 1)
+                page.screenshot(path=str(SHOTS / f"hub-4-{user}-submitted.png"))
+                return page
+
+            ann = answer_and_submit("hubtest-ann", RIGHT, "range(0) has no numbers.", passes=True)
+            ben = answer_and_submit("hubtest-ben", WRONG, "It just does.", passes=False)
+            for user in ("hubtest-ann", "hubtest-ben"):  # each server is its user's own process
+                running = subprocess.run(["ps", "-ww", "-u", user, "-o", "args="], capture_output=True, text=True)
+                assert "jupyterhub-singleuser" in running.stdout, (user, running.stdout)
+
+            # a submission one student makes in another's name: the exchange's inbound is every student's to write
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S.000000 UTC", time.gmtime())
+            forged = tmp_path / "exchange" / "hubtest" / "inbound" / f"hubtest-ben+hw1+{stamp}+forged"
+            assert as_user("hubtest-ann", "mkdir", str(forged)).returncode == 0
+            assert as_user("hubtest-ann", "cp", "/home/hubtest-ann/hw1/squares.ipynb", str(forged)).returncode == 0
+
+            # the instructor collects and grades with this project's grader, from the course root, as themselves
+            teach = open_lab("hubtest-teach")
+            db = f"sqlite:///{course / 'gradebook.db'}"
+            for step in (["collect", "--course", str(course)],
+                         ["grade", str(course / "submitted"), "--course", str(course), "--db", db, "--output",
+                          "/home/hubtest-teach/grading", "--no-progress", "--for-formgrader"]):
+                done = as_user("hubtest-teach", sys.executable, "-m", "autograder", *step)
+                assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            submitted = sorted(p.name for p in (course / "submitted").iterdir())
+            assert submitted == ["hubtest-ann", "hubtest-ben"]  # the forged folder is left out
+            forged_collected = (course / "submitted" / "hubtest-ben" / "hw1" / "squares.ipynb").read_text()
+            assert "range(1, n + 1)" in forged_collected, "ben's own submission lost to the one made in his name"
+
+            # the written answers graded by hand in formgrader
+            listed = teach.request.get(f"{base}/user/hubtest-teach/formgrader/api/submitted_notebooks/hw1/squares")
+            assert listed.ok, listed.text()[:500]
+            ids = {s["student"]: s["id"] for s in listed.json()}
+            assert sorted(ids) == ["hubtest-ann", "hubtest-ben"], listed.text()[:1000]
+            for user, points, total in (("hubtest-ann", "1", 3.0), ("hubtest-ben", "0.5", 0.5)):
+                teach.goto(f"{base}/user/hubtest-teach/formgrader/submissions/{ids[user]}/")
+                score = teach.locator("input#why_empty")
+                score.fill(points)
+                score.press("Tab")  # formgrader saves a score as it changes
+                for _ in range(30):
+                    scores = {s["student"]: s["score"] for s in teach.request.get(listed.url).json()}
+                    if scores[user] == total:
+                        break
+                    time.sleep(1)
+                assert scores[user] == total, scores
+                teach.screenshot(path=str(SHOTS / f"hub-5-teach-grades-{user}.png"))
+            done = as_user("hubtest-teach", sys.executable, "-m", "autograder", "feedback", "--output",
+                           "/home/hubtest-teach/grading", "--db", db, "--release")
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+            # each student fetches their feedback and reads it in their own server: the hand-given point with the
+            # autograded ones, and no hidden test
+            for page, user, total in ((ann, "hubtest-ann", "3.0 / 3.0"), (ben, "hubtest-ben", "0.5 / 3.0")):
+                page.locator("#refresh_assignments_list").click()
+                rows(page, "submitted", 1).first.locator('.item_status button:text("Fetch Feedback")').click()
+                expect(page.locator("#submitted_assignments_list")).to_contain_text("view feedback")
+                feedback = next(Path(f"/home/{user}/hw1/feedback").glob("*/squares.html"))
+                page.goto(f"{base}/user/{user}/files/hw1/feedback/{feedback.parent.name}/squares.html")
+                expect(page.locator("body")).to_contain_text(total)
+                assert "squares(6)" not in page.content()
+                page.screenshot(path=str(SHOTS / f"hub-6-{user}-feedback.png"))
+
+            # what a student cannot reach: another's server, formgrader, another's feedback
+            for url in (f"{base}/user/hubtest-ben/lab", f"{base}/user/hubtest-ann/formgrader",
+                        f"{base}/user/hubtest-ben/files/hw1/squares.ipynb"):
+                assert ann.goto(url).status in (403, 404), url
+            ann.screenshot(path=str(SHOTS / "hub-7-ann-refused.png"))
+            browser.close()
+        # as their account: another's home, the course root, the solutions, the hub's secrets
+        for folder in ("/home/hubtest-ben", str(course), str(ROOT / "solutions"), str(ROOT / ".git"),
                        str(ROOT / "autograder" / "sample_class"), str(state / "private")):
-            assert subprocess.run(["runuser", "-u", "hubtest-ann", "--", "ls", folder],
-                                  capture_output=True).returncode != 0, folder
-        # a submission one student makes in another's name: the exchange's inbound is every student's to write
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S.000000 UTC", time.gmtime())
-        forged = tmp_path / "exchange" / "hubtest" / "inbound" / f"hubtest-ben+hw1+{stamp}+forged"
-        subprocess.run(["runuser", "-u", "hubtest-ann", "--", "mkdir", str(forged)], check=True)
-        subprocess.run(["runuser", "-u", "hubtest-ann", "--", "sh", "-c",
-                        f"echo '{{\"cells\": [], \"metadata\": {{}}, \"nbformat\": 4, \"nbformat_minor\": 5}}' "
-                        f"> '{forged}/03_slope_zero.ipynb'"], check=True)
-        course = Path("/home/hubtest-teach/hubtest")
-        collected = subprocess.run(["runuser", "-u", "hubtest-teach", "--", "env", "HOME=/home/hubtest-teach",
-                                    f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", sys.executable, "-m",
-                                    "autograder", "collect", "--course", str(course)],
-                                   cwd="/tmp", capture_output=True, text=True)
-        assert collected.returncode == 0, collected.stderr[-2000:]
-        assert not (course / "submitted" / "hubtest-ben").exists(), "a submission made in another's name was collected"
+            assert as_user("hubtest-ann", "ls", folder).returncode != 0, folder
     finally:
         os.killpg(hub.pid, 15)
         try:
