@@ -1,11 +1,6 @@
 # `make demo` and `make test` build .venv from requirements.txt on first use and
 # only re-install when requirements.txt or pyproject.toml change.
-# the Python .venv is made from. `make hub`'s users run it as their own accounts, and its test runs them: as root,
-# where python3 is one they cannot run (pyenv's, in root's 0700 home), the system's, where it is 3.10 or later
-PYTHON ?= $(shell if [ "$$(id -u)" = 0 ] && command -v runuser >/dev/null \
-	&& ! runuser -u nobody -- "$$(command -v python3)" -c '' 2>/dev/null \
-	&& runuser -u nobody -- /usr/bin/python3 -c 'import sys, ensurepip; assert sys.version_info >= (3, 10)' \
-	2>/dev/null; then echo /usr/bin/python3; else echo python3; fi)
+PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed

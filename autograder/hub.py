@@ -174,9 +174,8 @@ def _check_reachable(name: str) -> None:
     if ran.returncode:
         raise PermissionError(
             f"the users' servers run {sys.executable}, which {name} cannot run ({ran.stderr.strip()[-300:]}): "
-            "build the environment from a Python every account can run (`make clean`, then `make hub`, which as "
-            "root takes the system's /usr/bin/python3 where python3 is not one; or PYTHON=...), or let accounts pass "
-            "through the folder that holds it")
+            "build the environment from a Python 3.11.4 or later that every account can run (`make clean`, then "
+            "`make hub PYTHON=/opt/python3.11/bin/python3`), or let accounts pass through the folder that holds it")
 
 
 def prepare_exchange(c: Class) -> None:
