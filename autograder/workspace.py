@@ -191,7 +191,17 @@ def checks_module(s: Settings) -> str:
 
 
 def compile_cache_dir(s: Settings) -> Path:
-    return s.compile_cache or machine_compile_cache(s.course.course_id)
+    """``s.compile_cache``, else this machine's (``machine_compile_cache``) where this user can write it, else the
+    grading folder's own: a cache folder this user cannot write (XDG_CACHE_HOME naming another user's) costs the
+    sharing between runs, not the grading."""
+    if s.compile_cache:
+        return s.compile_cache
+    shared = machine_compile_cache(s.course.course_id)
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return s.output / "compile-cache"
+    return shared if os.access(shared, os.W_OK | os.X_OK) else s.output / "compile-cache"
 
 
 def machine_compile_cache(course_id: str) -> Path:

@@ -894,3 +894,20 @@ def test_the_help_lists_the_commands_in_the_order_an_instructor_runs_them(capsys
     shown = capsys.readouterr().out
     rows = [line.split()[0] for line in shown.splitlines() if line.startswith("    ") and not line.startswith("     ")]
     assert rows[:4] == ["collect", "grade", "feedback", "export"], shown
+
+
+def test_a_cache_folder_this_user_cannot_make_costs_the_sharing_not_the_grading(tmp_path, monkeypatch):
+    """JAX's compilation cache goes to XDG_CACHE_HOME, shared by this user's gradings; where it cannot be made (the
+    variable names another user's folder, or a file) each grading keeps its own, in its output folder."""
+    from autograder.course import Course
+    from autograder.workspace import Settings, compile_cache_dir, machine_compile_cache
+
+    course = Course(source=tmp_path, course_id="c101", assignments=("hw1",))
+    s = Settings(output=tmp_path / "out", db_url="sqlite://", workers=1, timeout=1, cell_timeout=1, memory_bytes=1,
+                 sandbox=False, course=course)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert compile_cache_dir(s) == machine_compile_cache("c101") == tmp_path / "cache" / "alibi-autograder" / \
+        "compile-cache" / "c101"
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    assert compile_cache_dir(s) == tmp_path / "out" / "compile-cache"

@@ -134,8 +134,9 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
         return (tmp_path / "hub.log").read_text()[-3000:]
 
     def as_user(user: str, *command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME=/home/{user}",
-                               f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", *command],
+        """As the user's own terminal runs it: their environment, none of root's (this session's caches)."""
+        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", f"HOME=/home/{user}", f"USER={user}",
+                               "LANG=C.UTF-8", f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", *command],
                               cwd="/tmp", capture_output=True, text=True)
 
     try:
@@ -200,8 +201,17 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
                 page.keyboard.press("Control+a")
                 page.keyboard.insert_text(written)
                 page.keyboard.press("Shift+Enter")
+                page.keyboard.press("Escape")  # command mode: the save is the notebook's
                 page.keyboard.press("Control+s")
-                expect(page.locator(".lm-TabBar-tab.jp-mod-dirty")).to_have_count(0)
+                dirty = page.locator(".lm-TabBar-tab.jp-mod-dirty")
+                overwrite = page.get_by_role("button", name="Overwrite")
+                for _ in range(60):  # JupyterLab's autosave can land first: it then asks whether to overwrite
+                    if overwrite.count():
+                        overwrite.click()
+                    if not dirty.count():
+                        break
+                    time.sleep(0.5)
+                expect(dirty).to_have_count(0)
                 page.get_by_role("button", name="Validate").first.click()
                 dialog = page.locator(".jp-Dialog")
                 expect(dialog).not_to_contain_text("Validating", timeout=120_000)
@@ -234,6 +244,9 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
                           "/home/hubtest-teach/grading", "--no-progress", "--for-formgrader"]):
                 done = as_user("hubtest-teach", sys.executable, "-m", "autograder", *step)
                 assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            autograded = sorted(str(p.relative_to(course)) for p in (course / "autograded").rglob("*.ipynb"))
+            assert autograded == [f"autograded/{u}/hw1/squares.ipynb" for u in ("hubtest-ann", "hubtest-ben")], (
+                autograded, done.stdout[-2000:], done.stderr[-2000:])
             submitted = sorted(p.name for p in (course / "submitted").iterdir())
             assert submitted == ["hubtest-ann", "hubtest-ben"]  # the forged folder is left out
             forged_collected = (course / "submitted" / "hubtest-ben" / "hw1" / "squares.ipynb").read_text()
