@@ -22,11 +22,9 @@ demo: $(STAMP) $(SYSTEM) $(KERNEL)
 	$(PY) -m autograder grade autograder/sample_class/submissions --output grading --cell-timeout 10 --timeout 30 \
 		$(DEMO_STUDENTS:%=--student %)
 
-# three pytest-xdist workers on the two cores, each test file on one: a third of the suite's time is waiting (the
-# hub's and the browser's pages, timeouts run out, a quarter-CPU test), which a third worker fills; the sample
-# class is graded once for all of them (tests/conftest.py)
+# two pytest-xdist workers, each test file on one: the sample class is graded once for both (tests/conftest.py)
 test: $(STAMP) $(SYSTEM) $(KERNEL) lint
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(PY) -m ruff check alibi_ref autograder tests benchmarks solutions deploy
