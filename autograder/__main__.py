@@ -104,17 +104,14 @@ def main(argv=None) -> int:
         course = Course.find(args.course, args.assignment)
     except FileNotFoundError as err:
         parser.error(str(err))
-    if args.for_formgrader and course.config_file is None:
-        parser.error(f"--for-formgrader needs an nbgrader course root (with nbgrader_config.py) as --course, got "
-                     f"{course.source}")
-    from .grade import StudentsNotFound
+    from .grade import NotACourseRoot, StudentsNotFound
 
     try:
         report = grade(args.submissions, args.output, course=course, students=args.student, workers=args.workers,
                        timeout=args.timeout, cell_timeout=args.cell_timeout, memory_gib=args.memory, db=args.db,
                        sandbox=args.sandbox == "bwrap", scheduler=args.scheduler, progress=not args.no_progress,
                        for_formgrader=args.for_formgrader)
-    except StudentsNotFound as err:
+    except (StudentsNotFound, NotACourseRoot) as err:
         parser.error(str(err))
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
@@ -142,12 +139,11 @@ def _hub(parser, args) -> int:
 def _kubernetes(parser, args) -> int:
     import yaml
 
-    from .hub import COURSE_ID, read_roster
+    from .hub import check_course_id, read_roster
     from .kubernetes import class_values, prepare_volumes_job
 
-    if not COURSE_ID.match(args.course_id):
-        parser.error(f"course id {args.course_id!r}: expected letters, digits, _ or -, at most 31")
     try:
+        check_course_id(args.course_id)
         made = (prepare_volumes_job(args.course_id, args.prepare_volumes) if args.prepare_volumes
                 else class_values(read_roster(args.roster), args.course_id))
     except (FileNotFoundError, ValueError) as err:

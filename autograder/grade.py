@@ -66,9 +66,9 @@ def grade(submissions, output="grading", *, course=None, assignments=None, stude
     submissions = Path(submissions).resolve()
     if not isinstance(course, Course):
         course = Course.find(course, assignments)
-    if for_formgrader and course.config_file is None:
-        raise ValueError(f"{course.source} is not an nbgrader course root (no nbgrader_config.py): formgrader has "
-                         "no course root to show the grades in")
+    if for_formgrader and course.config_file is None:  # said before any grading, not after it
+        raise NotACourseRoot(f"--for-formgrader needs an nbgrader course root (with nbgrader_config.py) as the "
+                             f"course, got {course.source}: formgrader has no course root to show the grades in")
     s = Settings(
         output=output, db_url=db or f"sqlite:///{output / 'gradebook.db'}",
         workers=workers or os.cpu_count() or 1, timeout=timeout, cell_timeout=min(cell_timeout, timeout),
@@ -136,6 +136,10 @@ def show_in_formgrader(s: Settings, class_: list[Submission]) -> None:
 
 class StudentsNotFound(ValueError):
     """Students asked for by id who handed nothing in."""
+
+
+class NotACourseRoot(ValueError):
+    """Grades to show in formgrader, for a course that is a folder of assignments, with no course root."""
 
 
 def _only(class_: list[Submission], students: set[str], submissions: Path) -> list[Submission]:

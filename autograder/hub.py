@@ -252,12 +252,18 @@ def hide_from_students() -> None:
             subprocess.run(["chmod", "-R", "o-rwx", str(private)], check=True)
 
 
+def check_course_id(course_id: str) -> None:
+    """A ValueError for a course id that is not one, saying what is expected: it names a folder and a group here,
+    and a Job on Kubernetes."""
+    if not COURSE_ID.match(course_id):
+        raise ValueError(f"course id {course_id!r}: expected letters, digits, _ or -, at most 31")
+
+
 def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
     if os.geteuid() != 0:
         raise PermissionError("the hub runs each user's server as that user's own system account, which only root "
                               "can create and switch to: run `make hub` as root (or with sudo)")
-    if not COURSE_ID.match(course_id):
-        raise ValueError(f"course id {course_id!r}: expected letters, digits, _ or -, at most 31")
+    check_course_id(course_id)
     members = read_roster(roster)
     if any(m.name == f"{course_id}-instructors"[:32] for m in members):
         raise ValueError(f"{course_id}-instructors is the instructors' group: no user may have that name")

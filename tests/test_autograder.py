@@ -911,3 +911,14 @@ def test_a_cache_folder_this_user_cannot_make_costs_the_sharing_not_the_grading(
     (tmp_path / "not-a-folder").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
     assert compile_cache_dir(s) == tmp_path / "out" / "compile-cache"
+
+
+def test_grades_for_formgrader_need_a_course_root_and_say_so_before_grading(tmp_path):
+    from autograder.grade import NotACourseRoot, grade
+
+    (tmp_path / "course" / "hw1").mkdir(parents=True)
+    (tmp_path / "course" / "hw1" / "a.ipynb").write_text("{}")
+    (tmp_path / "submissions").mkdir()
+    with pytest.raises(NotACourseRoot, match="needs an nbgrader course root"):
+        grade(tmp_path / "submissions", tmp_path / "out", course=tmp_path / "course", for_formgrader=True)
+    assert not (tmp_path / "out").exists()
