@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     except FileNotFoundError as err:
         parser.error(str(err))
     from .grade import NotACourseRoot, StudentsNotFound
+    from .prepare import MachineFault
 
     try:
         report = grade(args.submissions, args.output, course=course, students=args.student, workers=args.workers,
@@ -113,6 +114,9 @@ def main(argv=None) -> int:
                        for_formgrader=args.for_formgrader)
     except (StudentsNotFound, NotACourseRoot) as err:
         parser.error(str(err))
+    except MachineFault as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(report.table())
     print(f"\nwritten to {args.output}/: grades.csv, grades.png, feedback/, nbgrader_grades.csv, gradebook")
     return 0

@@ -3,6 +3,7 @@ for its checks, and JAX's compilation cache, each rebuilt only when what it is b
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import importlib
@@ -34,6 +35,20 @@ def tree_hash(folder: Path, pattern: str = "*") -> str:
     return digest.hexdigest()
 
 
+# the machine's faults, not the course's: every assignment would fail alike, and rows that call the course broken
+# would send the instructor to fix the wrong thing, so the run stops and says what happened (MachineFault)
+MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOMEM, errno.EMFILE,
+                            errno.ENFILE})
+
+
+class MachineFault(RuntimeError):
+    """Grading stopped while the course was made ready, by a fault of the machine (a full disk, no memory)."""
+
+
+def _is_machine_fault(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or (isinstance(err, OSError) and err.errno in MACHINE_ERRNOS)
+
+
 @dataclass
 class Prepared:
     releases: dict[str, dict[str, Path]]  # {assignment: {notebook name: its generated release version}}
@@ -51,6 +66,10 @@ def prepare_course(s: Settings) -> Prepared:
         try:
             releases = _prepare_assignment(s, assignment, root_hash)
         except Exception as err:  # the instructor's to fix: said in each of the assignment's rows
+            if _is_machine_fault(err):
+                raise MachineFault(f"grading stopped while making assignment {assignment} ready, before any "
+                                   f"student's notebook ran: {err!r}; run the same command again once that is "
+                                   "fixed") from err
             prepared.failed[assignment] = f"the course's assignment {assignment} could not be made ready: {err}"[:1000]
             shutil.rmtree(s.output / "course" / "release" / assignment, ignore_errors=True)
             releases = {p.stem: p for p in sorted((s.course.source / assignment).glob("*.ipynb"))}

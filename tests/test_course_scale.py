@@ -269,6 +269,29 @@ def test_a_course_that_is_not_there_says_what_was_expected(tmp_path):
                                                                     course / "source")
 
 
+def test_a_full_disk_while_the_course_is_made_ready_stops_the_run_and_says_so(tmp_path, monkeypatch, capsys):
+    """An assignment nbgrader cannot generate costs that assignment alone (the foreign courses above); a fault
+    of the machine does not become rows that call the course broken: the command stops, says what happened, and
+    grades nothing."""
+    import errno
+
+    from autograder import prepare
+    from autograder.__main__ import main
+
+    course = tiny_course.build(tmp_path / "tiny")
+    (tmp_path / "subs" / "ann" / "hw1").mkdir(parents=True)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(prepare, "_prepare_expected_values", disk_full)
+    assert main(["grade", str(tmp_path / "subs"), "--course", str(course), "--output", str(tmp_path / "out"),
+                 "--no-progress"]) == 1
+    said = capsys.readouterr().err
+    assert "grading stopped while making assignment hw1 ready" in said and "No space left on device" in said, said
+    assert not (tmp_path / "out" / "grades.csv").exists()
+
+
 # ----------------------------------------------------------------------------- a real Dask cluster
 
 def _scheduler_address(info: Path, deadline: float) -> str:
