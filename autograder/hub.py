@@ -125,15 +125,35 @@ def give_passwords(c: Class) -> Path:
     import bcrypt
 
     given = c.private / "initial-passwords.csv"
+    on_roster = {m.name for m in c.members}
     with dbm.open(str(c.private / "passwords.dbm"), "c", 0o600) as db:
+        for gone in [key for key in db.keys() if key.decode() not in on_roster]:  # back on it: a new password
+            del db[gone]
         new = {m.name: secrets.token_urlsafe(12) for m in c.members if m.name.encode() not in db}
         for name, password in new.items():
             db[name] = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
-    if new:
-        fd = os.open(given, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.writelines(f"{name},{password}\n" for name, password in new.items())
+    # the file lists the roster as it is now: those taken off it go, a line per user, whoever was added when
+    handed_out = {name: password for name, password in _read_private_csv(given).items() if name in on_roster}
+    _write_private(given, "".join(f"{name},{password}\n" for name, password in (handed_out | new).items()))
     return given
+
+
+def _read_private_csv(path: Path) -> dict[str, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return {}
+    with os.fdopen(fd) as f:
+        return dict(line.split(",", 1) for line in f.read().splitlines() if "," in line)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by its owner alone, whole or not at all (a new file renamed over it)."""
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(partial, path)
 
 
 def role_config(role: str, course_id: str, exchange: str, course_root: str) -> dict[str, str]:

@@ -38,6 +38,28 @@ def test_a_roster_reads_each_member_and_role(tmp_path):
         ("teach", "instructor"), ("ada", "student"), ("bob", "student")]
 
 
+def test_the_passwords_file_lists_the_roster_as_it_is_now(tmp_path):
+    """Each run gives a password to each member who has none, keeps those handed out to members still on the
+    roster, and drops those of members taken off it; the file is the owner's alone."""
+    from autograder.hub import Class, Member, give_passwords
+
+    def run(*names):
+        c = Class([Member(n, "student") for n in names], "alibi", tmp_path / "exchange", tmp_path / "state")
+        c.private.mkdir(parents=True, exist_ok=True)
+        given = give_passwords(c)
+        assert given.stat().st_mode & 0o777 == 0o600
+        return dict(line.split(",") for line in given.read_text().splitlines())
+
+    first = run("ann", "bob")
+    assert sorted(first) == ["ann", "bob"] and first["ann"] != first["bob"]
+    second = run("bob", "cat")  # ann left, cat joined
+    assert sorted(second) == ["bob", "cat"] and second["bob"] == first["bob"]
+    assert run("bob", "cat") == second  # nothing changed, nothing new
+    back = run("ann", "bob", "cat")  # ann's old password went with her: back, she gets a new one
+    assert back["ann"] != first["ann"] and {n: back[n] for n in second} == second
+    assert [p.name for p in (tmp_path / "state" / "private").iterdir() if p.name.startswith(".")] == []
+
+
 def _why_no_hub() -> str | None:
     if os.geteuid() != 0 or not shutil.which("useradd"):
         return "the hub makes system accounts: root with useradd only"
