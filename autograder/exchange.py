@@ -72,11 +72,13 @@ class CollectWithoutFollowingLinks(ExchangeCollect):
                     "timestamp": datetime.datetime(1970, 1, 1), "unreadable": f"its name does not parse ({err})"}
 
     def _sort_by_timestamp(self, records):
-        """Newest first, as nbgrader has it, with a student's genuine submissions before any forged one (``init_src``
-        then drops what is left of those): so a forged folder never hides a genuine one."""
+        """A student's genuine submissions, newest first as nbgrader has them; their forged ones only where they
+        have no genuine one (``init_src`` then drops it). nbgrader picks from this list, by time or by the due date
+        (``before_duedate``), so a forged folder is never the one picked over a genuine one: one stamped before the
+        due date would otherwise be picked over the student's late submission, and dropped, and the student would
+        have none."""
         genuine = [r for r in records if not self._forged(r)]
-        return (super()._sort_by_timestamp(genuine)
-                + super()._sort_by_timestamp([r for r in records if r not in genuine]))
+        return super()._sort_by_timestamp(genuine or records)
 
     def init_src(self):
         super().init_src()

@@ -113,3 +113,32 @@ def test_a_collect_on_kubernetes_leaves_out_a_folder_made_by_another_pods_uid(tm
     collect.inbound_path = str(inbound)
     assert collect._forged(records[0]) == ""
     assert collect._forged(records[1]) == f"made by uid {pod_uid('ann')}, not by ben"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making folders of other uids needs root")
+def test_a_folder_forged_before_the_due_date_does_not_cost_the_student_their_late_submission(tmp_path):
+    """With nbgrader's ``before_duedate``, the collect takes a student's last submission before the due date, or
+    their last one where none is before it: a folder another pod made in ann's name, stamped before the due date,
+    is neither taken nor taken in place of ann's own late one."""
+    from nbgrader.api import Gradebook
+    from nbgrader.coursedir import CourseDirectory
+
+    from autograder.workspace import ensure_tools_on_path
+
+    ensure_tools_on_path()  # nbgrader makes a gradebook with alembic, from the environment's bin folder
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with Gradebook(db, "alibi") as gb:
+        gb.add_assignment("ps1", duedate=datetime.datetime(2026, 1, 10))
+    inbound = tmp_path / "exchange" / "alibi" / "inbound"
+    for maker, day in (("ann", 11), ("ben", 9)):  # ann's own, a day late; ben's pod's, in her name, a day early
+        folder = inbound / f"ann+ps1+2026-01-{day} 00:00:00.000000 UTC"
+        folder.mkdir(parents=True)
+        os.chown(folder, pod_uid(maker), pod_uid(maker))
+    config = Config({"CollectWithoutFollowingLinks": {"accounts": "pods", "before_duedate": True},
+                     "CourseDirectory": {"course_id": "alibi", "assignment_id": "ps1", "db_url": db,
+                                         "root": str(tmp_path / "course")},
+                     "Exchange": {"root": str(tmp_path / "exchange")}})
+    collect = CollectWithoutFollowingLinks(coursedir=CourseDirectory(config=config), config=config)
+    collect.init_src()
+    assert [r["filename"] for r in collect.src_records] == ["ann+ps1+2026-01-11 00:00:00.000000 UTC"]
+
