@@ -214,7 +214,11 @@ def prepare_exchange(c: Class) -> None:
 
 def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
     """The course root in the first instructor's home, writable by every instructor (a group of theirs, set-gid
-    folders), with the source copied in once and each assignment generated and released as the first instructor."""
+    folders), with the source copied in once and each assignment generated and released as the first instructor.
+
+    Root makes the group and opens the owner's home to it; everything inside the course root is done as its owner,
+    whose folder it is. Root never writes, chmods or chowns in a folder a user controls: there, a link swapped in
+    between a check and a write would make root's write one anywhere on the machine."""
     try:
         grp.getgrnam(c.group)
     except KeyError:
@@ -223,26 +227,34 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
     subprocess.run(["gpasswd", "--members", ",".join(c.instructors), c.group], check=True, capture_output=True)
     prepare_exchange(c)
     root, owner = c.course_root, c.instructors[0]
-    home = root.parent
+    home = root.parent  # made by useradd in a folder of root's, checked by ensure_account: not the owner's to swap
     home.chmod(0o710)  # the other instructors pass through the owner's home to the course root, and see nothing else
     shutil.chown(home, group=c.group)
-    # the owner's own folder, which root is about to chown and chmod: never through a link they put there
     if root.is_symlink() or (root.exists() and (not root.is_dir() or root.stat().st_uid != pwd.getpwnam(owner).pw_uid)):
         raise ValueError(f"{root} is not a folder of {owner}'s: expected the course root, or nothing there yet")
-    if not (root / "source").exists():
-        shutil.copytree(source, root / "source", dirs_exist_ok=True)
-    config = root / "nbgrader_config.py"
-    config.unlink(missing_ok=True)
-    config.write_text(course_config(c.course_id, str(root), str(c.exchange)))
-    subprocess.run(["chown", "-R", "--no-dereference", f"{owner}:{c.group}", str(root)], check=True)
-    subprocess.run(["chmod", "-R", "u+rwX,g+rwX,o-rwx", str(root)], check=True)
-    subprocess.run(["find", str(root), "-type", "d", "-exec", "chmod", "g+s", "{}", "+"], check=True)
-    as_owner = ["runuser", "-u", owner, "--", "env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}",
-                f"HOME={home}", sys.executable, "-m", "nbgrader"]
+
+    def as_owner(*command: str, **run) -> subprocess.CompletedProcess:
+        run = {"check": True, "capture_output": True, **run}
+        return subprocess.run(["runuser", "-u", owner, "--", *command], **run)
+
+    as_owner("mkdir", "-p", str(root))
+    if as_owner("test", "-e", str(root / "source"), check=False).returncode:
+        # root reads the source (the solutions are root's alone), the owner writes the copy
+        packed = subprocess.run(["tar", "-C", str(source), "-cf", "-", "."], check=True, capture_output=True).stdout
+        as_owner("sh", "-c", 'mkdir "$1" && tar -C "$1" -xf -', "-", str(root / "source"), input=packed)
+    as_owner("sh", "-c", 'rm -f "$1" && cat > "$1"', "-", str(root / "nbgrader_config.py"),
+             input=course_config(c.course_id, str(root), str(c.exchange)).encode())
+    # the owner's own files only: another instructor's are theirs, and set-gid folders gave them the group
+    mine = ["find", str(root), "-user", owner, "!", "-type", "l"]
+    as_owner(*mine, "-exec", "chgrp", c.group, "{}", "+")
+    as_owner(*mine, "-exec", "chmod", "u+rwX,g+rwX,o-rwx", "{}", "+")
+    as_owner(*mine, "-type", "d", "-exec", "chmod", "g+s", "{}", "+")
+    nbgrader = ["env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}", f"HOME={home}", sys.executable,
+                "-m", "nbgrader"]
     for assignment in assignments:
         for step in ("generate_assignment", "release_assignment"):
-            done = subprocess.run([*as_owner, step, assignment, "--force", "--log-level=WARN"], cwd=root,
-                                  capture_output=True, text=True)
+            done = as_owner(*nbgrader, step, assignment, "--force", "--log-level=WARN", cwd=root, text=True,
+                            check=False)
             if done.returncode:
                 raise RuntimeError(f"nbgrader {step} {assignment} as {owner} failed:\n{done.stdout}{done.stderr}")
 
