@@ -23,6 +23,7 @@ in their own server sees their own files; the boundary is the accounts' permissi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dbm
 import grp
@@ -204,12 +205,24 @@ def prepare_exchange(c: Class) -> None:
     c.exchange.mkdir(parents=True, exist_ok=True)
     c.exchange.chmod(0o1777)
     course, owner = c.exchange / c.course_id, pwd.getpwnam(c.instructors[0])
-    if course.is_symlink() or (course.exists() and course.stat().st_uid not in (0, owner.pw_uid)):
-        raise ValueError(f"{course} was made by someone else (uid {course.lstat().st_uid}): expected the first "
-                         f"instructor's, or nothing there yet; move it away and run again")
-    course.mkdir(exist_ok=True)
-    shutil.chown(course, owner.pw_name, c.group)
-    course.chmod(0o2775)
+    with contextlib.suppress(FileExistsError):
+        course.mkdir()
+    # the folder opened, never followed, and changed through that descriptor: a student may make entries in the
+    # exchange, and a link put there between a check by name and a chown by name would aim root's chown anywhere
+    try:
+        fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise ValueError(f"{course} is not a folder (a link, or a file: {err.strerror}): expected the first "
+                         "instructor's folder, or nothing there yet; move it away and run again") from err
+    try:
+        made_by = os.fstat(fd).st_uid
+        if made_by not in (0, owner.pw_uid):
+            raise ValueError(f"{course} was made by someone else (uid {made_by}): expected the first "
+                             f"instructor's, or nothing there yet; move it away and run again")
+        os.fchown(fd, owner.pw_uid, grp.getgrnam(c.group).gr_gid)
+        os.fchmod(fd, 0o2775)
+    finally:
+        os.close(fd)
 
 
 def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:

@@ -38,6 +38,27 @@ def test_a_roster_reads_each_member_and_role(tmp_path):
         ("teach", "instructor"), ("ada", "student"), ("bob", "student")]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing who owns a folder needs root")
+def test_a_link_or_a_strangers_folder_where_the_exchange_course_goes_is_refused_untouched(tmp_path):
+    """The exchange is writable by every student: what one put where the course's folder goes is refused, and
+    root's chown and chmod never reach what a link there names."""
+    from autograder.hub import Class, Member, prepare_exchange
+
+    c = Class([Member("nobody", "instructor")], "alibi", tmp_path / "exchange", tmp_path / "state")
+    c.exchange.mkdir()
+    named = tmp_path / "roots-own"
+    named.mkdir(mode=0o700)
+    (c.exchange / "alibi").symlink_to(named)
+    with pytest.raises(ValueError, match="is not a folder"):
+        prepare_exchange(c)
+    assert (named.stat().st_uid, named.stat().st_mode & 0o7777) == (0, 0o700)
+    (c.exchange / "alibi").unlink()
+    (c.exchange / "alibi").mkdir()
+    os.chown(c.exchange / "alibi", 12345, 12345)
+    with pytest.raises(ValueError, match=r"made by someone else \(uid 12345\)"):
+        prepare_exchange(c)
+
+
 def test_the_passwords_file_lists_the_roster_as_it_is_now(tmp_path):
     """Each run gives a password to each member who has none, keeps those handed out to members still on the
     roster, and drops those of members taken off it; the file is the owner's alone."""
