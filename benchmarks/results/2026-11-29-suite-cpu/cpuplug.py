@@ -1,14 +1,24 @@
-import os, resource, time
+"""A pytest plugin: each test's CPU seconds (its process, and the children it reaped) and wall seconds, one
+tab-separated line per test in /tmp/plug/cpu-WORKER.tsv. Loaded with PYTHONPATH=THIS_FOLDER and -p cpuplug."""
+
+import os
+import resource
+import time
+
 import pytest
 
-def _cpu():
-    s = resource.getrusage(resource.RUSAGE_SELF); c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
+
+def _cpu() -> tuple[float, float]:
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    s0, c0 = _cpu(); t0 = time.monotonic()
+    own0, reaped0 = _cpu()
+    started = time.monotonic()
     yield
-    s1, c1 = _cpu()
-    with open(f"/tmp/plug/cpu-{os.environ.get('PYTEST_XDIST_WORKER','main')}.tsv", "a") as f:
-        f.write(f"{item.nodeid}\t{s1-s0:.2f}\t{c1-c0:.2f}\t{time.monotonic()-t0:.2f}\n")
+    own1, reaped1 = _cpu()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"/tmp/plug/cpu-{worker}.tsv", "a") as f:
+        f.write(f"{item.nodeid}\t{own1 - own0:.2f}\t{reaped1 - reaped0:.2f}\t{time.monotonic() - started:.2f}\n")
