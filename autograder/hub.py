@@ -32,7 +32,6 @@ import os
 import pwd
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -113,10 +112,28 @@ def ensure_account(name: str) -> None:
     if found.pw_uid < FIRST_USER_UID:
         raise ValueError(f"{name} is one of the system's own accounts (uid {found.pw_uid}): expected a user's "
                          f"account (uid {FIRST_USER_UID} or more), or a name no account has yet")
-    home = Path(found.pw_dir)
-    if home.is_symlink() or not home.is_dir() or home.stat().st_uid != found.pw_uid:
-        raise ValueError(f"{name}'s home {home} is not a folder of theirs: expected one owned by {name}")
-    home.chmod(0o700)
+    change_folder(Path(found.pw_dir), f"{name}'s home", (found.pw_uid,), mode=0o700)
+
+
+def change_folder(folder: Path, what: str, made_by: tuple[int, ...], mode: int, uid: int = -1, gid: int = -1) -> None:
+    """Root's change to a folder a user may control (a home, the exchange's course folder): opened without
+    following a link, its owner checked and its mode and owner set through that descriptor, never by name again,
+    so that nothing swapped in after the check can aim root's chmod or chown elsewhere. ValueError, saying what
+    was expected, for a link, a file, or a folder another uid made."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise ValueError(f"{what} {folder} is not a folder (a link, a file or nothing: {err.strerror}): expected a "
+                         "folder of its own; move that away and run again") from err
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner not in made_by:
+            raise ValueError(f"{what} {folder} was made by someone else (uid {owner}): expected uid "
+                             f"{' or '.join(map(str, made_by))}; move it away and run again")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def give_passwords(c: Class) -> Path:
@@ -207,22 +224,9 @@ def prepare_exchange(c: Class) -> None:
     course, owner = c.exchange / c.course_id, pwd.getpwnam(c.instructors[0])
     with contextlib.suppress(FileExistsError):
         course.mkdir()
-    # the folder opened, never followed, and changed through that descriptor: a student may make entries in the
-    # exchange, and a link put there between a check by name and a chown by name would aim root's chown anywhere
-    try:
-        fd = os.open(course, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as err:
-        raise ValueError(f"{course} is not a folder (a link, or a file: {err.strerror}): expected the first "
-                         "instructor's folder, or nothing there yet; move it away and run again") from err
-    try:
-        made_by = os.fstat(fd).st_uid
-        if made_by not in (0, owner.pw_uid):
-            raise ValueError(f"{course} was made by someone else (uid {made_by}): expected the first "
-                             f"instructor's, or nothing there yet; move it away and run again")
-        os.fchown(fd, owner.pw_uid, grp.getgrnam(c.group).gr_gid)
-        os.fchmod(fd, 0o2775)
-    finally:
-        os.close(fd)
+    # a student may make entries in the exchange: what is there is checked and changed through one descriptor
+    change_folder(course, "the exchange's course folder", (0, owner.pw_uid), mode=0o2775, uid=owner.pw_uid,
+                  gid=grp.getgrnam(c.group).gr_gid)
 
 
 def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
@@ -239,37 +243,72 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
     # exactly the roster's instructors: one dropped from it, or now a student, loses the course root
     subprocess.run(["gpasswd", "--members", ",".join(c.instructors), c.group], check=True, capture_output=True)
     prepare_exchange(c)
-    root, owner = c.course_root, c.instructors[0]
-    home = root.parent  # made by useradd in a folder of root's, checked by ensure_account: not the owner's to swap
-    home.chmod(0o710)  # the other instructors pass through the owner's home to the course root, and see nothing else
-    shutil.chown(home, group=c.group)
-    if root.is_symlink() or (root.exists() and (not root.is_dir() or root.stat().st_uid != pwd.getpwnam(owner).pw_uid)):
-        raise ValueError(f"{root} is not a folder of {owner}'s: expected the course root, or nothing there yet")
+    root, owner = c.course_root, pwd.getpwnam(c.instructors[0])
+    # the other instructors pass through the owner's home to the course root, and see nothing else
+    change_folder(root.parent, f"{owner.pw_name}'s home", (owner.pw_uid,), mode=0o710, gid=grp.getgrnam(c.group).gr_gid)
+    if root.is_symlink() or (root.exists() and (not root.is_dir() or root.stat().st_uid != owner.pw_uid)):
+        raise ValueError(f"{root} is not a folder of {owner.pw_name}'s: expected the course root, or nothing there "
+                         "yet")
 
-    def as_owner(*command: str, **run) -> subprocess.CompletedProcess:
-        run = {"check": True, "capture_output": True, **run}
-        return subprocess.run(["runuser", "-u", owner, "--", *command], **run)
+    def as_owner(*command: str, stdin: bytes | None = None) -> str:
+        """``command`` run as the owner in the course root (entered as the owner, not by root)."""
+        done = subprocess.run(["runuser", "-u", owner.pw_name, "--", "sh", "-c", 'cd "$0" && exec "$@"', str(root),
+                               *command], input=stdin, capture_output=True, check=False)
+        if done.returncode:
+            said = (done.stdout + done.stderr).decode(errors="replace").strip()
+            raise RuntimeError(f"{' '.join(command[:2])} as {owner.pw_name} in {root} failed: {said[-2000:]}")
+        return done.stdout.decode(errors="replace")
 
-    as_owner("mkdir", "-p", str(root))
-    if as_owner("test", "-e", str(root / "source"), check=False).returncode:
-        # root reads the source (the solutions are root's alone), the owner writes the copy
-        packed = subprocess.run(["tar", "-C", str(source), "-cf", "-", "."], check=True, capture_output=True).stdout
-        as_owner("sh", "-c", 'mkdir "$1" && tar -C "$1" -xf -', "-", str(root / "source"), input=packed)
-    as_owner("sh", "-c", 'rm -f "$1" && cat > "$1"', "-", str(root / "nbgrader_config.py"),
-             input=course_config(c.course_id, str(root), str(c.exchange)).encode())
-    # the owner's own files only: another instructor's are theirs, and set-gid folders gave them the group
-    mine = ["find", str(root), "-user", owner, "!", "-type", "l"]
-    as_owner(*mine, "-exec", "chgrp", c.group, "{}", "+")
-    as_owner(*mine, "-exec", "chmod", "u+rwX,g+rwX,o-rwx", "{}", "+")
-    as_owner(*mine, "-type", "d", "-exec", "chmod", "g+s", "{}", "+")
-    nbgrader = ["env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}", f"HOME={home}", sys.executable,
-                "-m", "nbgrader"]
+    subprocess.run(["runuser", "-u", owner.pw_name, "--", "mkdir", "-p", str(root)], check=True, capture_output=True)
+    # root reads the source (the solutions are root's alone), the owner writes the copy: whole, or not at all
+    packed = subprocess.run(["tar", "-C", str(source), "-cf", "-", "."], check=True, capture_output=True).stdout
+    as_owner("sh", "-c", '[ -e source ] || { rm -rf .source.partial && mkdir .source.partial && '
+             'tar -C .source.partial -xf - && mv .source.partial source; }', stdin=packed)
+    as_owner("sh", "-c", "rm -f nbgrader_config.py && cat > nbgrader_config.py",
+             stdin=course_config(c.course_id, str(root), str(c.exchange)).encode())
+    for left in as_owner(sys.executable, "-I", "-c", GROUP_SHARED, c.group).splitlines():
+        print(f"warning: the course root: {left}", file=sys.stderr)
+    nbgrader = ["env", f"PATH={Path(sys.executable).parent}:{os.environ['PATH']}", f"HOME={root.parent}",
+                sys.executable, "-m", "nbgrader"]
     for assignment in assignments:
         for step in ("generate_assignment", "release_assignment"):
-            done = as_owner(*nbgrader, step, assignment, "--force", "--log-level=WARN", cwd=root, text=True,
-                            check=False)
-            if done.returncode:
-                raise RuntimeError(f"nbgrader {step} {assignment} as {owner} failed:\n{done.stdout}{done.stderr}")
+            as_owner(*nbgrader, step, assignment, "--force", "--log-level=WARN")
+
+
+# Run as the course root's owner, in it: the group and the modes every instructor needs (u+rwX,g+rwX,o-rwx and
+# set-gid folders) on the owner's own files; another instructor's are theirs, and set-gid folders gave them the
+# group. Each entry is opened without following a link (another instructor can rename entries in the group's
+# folders) and changed through its descriptor; one that cannot be opened is named and left as it is.
+GROUP_SHARED = """
+import errno, grp, os, stat, sys
+
+gid, me = grp.getgrnam(sys.argv[1]).gr_gid, os.getuid()
+
+
+def share(name, dir_fd, shown):
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno != errno.ELOOP:  # a link: nothing to change, and nothing followed
+            print(f"left as it is: {shown}: {err.strerror}")
+        return
+    try:
+        st = os.fstat(fd)
+        folder = stat.S_ISDIR(st.st_mode)
+        if st.st_uid != me or not (folder or stat.S_ISREG(st.st_mode)):
+            return
+        x = 0o110 if folder or st.st_mode & 0o111 else 0
+        os.fchown(fd, -1, gid)
+        os.fchmod(fd, (st.st_mode & 0o7770) | 0o660 | x | (stat.S_ISGID if folder else 0))
+    finally:
+        os.close(fd)
+
+
+share(".", None, ".")
+for folder, dirs, files, dir_fd in os.fwalk(".", follow_symlinks=False):
+    for name in dirs + files:
+        share(name, dir_fd, os.path.join(folder, name))
+"""
 
 
 def course_config(course_id: str, course_root: str, exchange: str, collect_accounts: str = "system") -> str:

@@ -39,11 +39,12 @@ def test_a_roster_reads_each_member_and_role(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing who owns a folder needs root")
-def test_a_link_or_a_strangers_folder_where_the_exchange_course_goes_is_refused_untouched(tmp_path):
+def test_a_link_or_a_strangers_folder_where_the_exchange_course_goes_is_refused_untouched(tmp_path, monkeypatch):
     """The exchange is writable by every student: what one put where the course's folder goes is refused, and
     root's chown and chmod never reach what a link there names."""
     from autograder.hub import Class, Member, prepare_exchange
 
+    monkeypatch.setattr(Class, "group", property(lambda c: "root"))  # one that exists: set-up makes the course's
     c = Class([Member("nobody", "instructor")], "alibi", tmp_path / "exchange", tmp_path / "state")
     c.exchange.mkdir()
     named = tmp_path / "roots-own"
