@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import importlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -45,8 +46,27 @@ class MachineFault(RuntimeError):
     """Grading stopped while the course was made ready, by a fault of the machine (a full disk, no memory)."""
 
 
-def _is_machine_fault(err: BaseException) -> bool:
-    return isinstance(err, MemoryError) or (isinstance(err, OSError) and err.errno in MACHINE_ERRNOS)
+# how those faults read once a library has turned them into text (shutil.Error's list, nbgrader's log, sqlite)
+MACHINE_WORDS = re.compile("|".join(map(re.escape, [*(os.strerror(n) for n in MACHINE_ERRNOS),
+                                                    "database or disk is full", "MemoryError"])))
+
+
+def _is_machine_fault(err: BaseException | None) -> bool:
+    """Whether ``err``, or what it was raised from, is a fault of the machine."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, MemoryError) or (isinstance(err, OSError) and err.errno in MACHINE_ERRNOS):
+            return True
+        if MACHINE_WORDS.search(str(err)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _stop_for(err: BaseException, doing: str) -> MachineFault:
+    return MachineFault(f"grading stopped while {doing}, before any student's notebook ran: {err!r}; run the same "
+                        "command again once that is fixed")
 
 
 @dataclass
@@ -61,15 +81,18 @@ def prepare_course(s: Settings) -> Prepared:
     it needs beside it. An assignment that cannot be made ready costs that assignment, not the run: its
     notebooks are the source's, for the rows that say why."""
     prepared = Prepared({})
-    root_hash = copy_root_files(s.course, s.output / "course")
+    try:
+        root_hash = copy_root_files(s.course, s.output / "course")
+    except Exception as err:
+        if _is_machine_fault(err):
+            raise _stop_for(err, "copying the course's root files") from err
+        raise
     for assignment in s.course.assignments:
         try:
             releases = _prepare_assignment(s, assignment, root_hash)
         except Exception as err:  # the instructor's to fix: said in each of the assignment's rows
             if _is_machine_fault(err):
-                raise MachineFault(f"grading stopped while making assignment {assignment} ready, before any "
-                                   f"student's notebook ran: {err!r}; run the same command again once that is "
-                                   "fixed") from err
+                raise _stop_for(err, f"making assignment {assignment} ready") from err
             prepared.failed[assignment] = f"the course's assignment {assignment} could not be made ready: {err}"[:1000]
             shutil.rmtree(s.output / "course" / "release" / assignment, ignore_errors=True)
             releases = {p.stem: p for p in sorted((s.course.source / assignment).glob("*.ipynb"))}

@@ -269,7 +269,8 @@ def test_a_course_that_is_not_there_says_what_was_expected(tmp_path):
                                                                     course / "source")
 
 
-def test_a_full_disk_while_the_course_is_made_ready_stops_the_run_and_says_so(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("fault", ["raised", "in nbgrader's log"])
+def test_a_full_disk_while_the_course_is_made_ready_stops_the_run_and_says_so(fault, tmp_path, monkeypatch, capsys):
     """An assignment nbgrader cannot generate costs that assignment alone (the foreign courses above); a fault
     of the machine does not become rows that call the course broken: the command stops, says what happened, and
     grades nothing."""
@@ -282,13 +283,16 @@ def test_a_full_disk_while_the_course_is_made_ready_stops_the_run_and_says_so(tm
     (tmp_path / "subs" / "ann" / "hw1").mkdir(parents=True)
 
     def disk_full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if fault == "raised":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("nbgrader generate_assignment failed: OperationalError: database or disk is full")
 
     monkeypatch.setattr(prepare, "_prepare_expected_values", disk_full)
     assert main(["grade", str(tmp_path / "subs"), "--course", str(course), "--output", str(tmp_path / "out"),
                  "--no-progress"]) == 1
     said = capsys.readouterr().err
-    assert "grading stopped while making assignment hw1 ready" in said and "No space left on device" in said, said
+    assert "grading stopped while making assignment hw1 ready" in said, said
+    assert ("No space left on device" if fault == "raised" else "database or disk is full") in said, said
     assert not (tmp_path / "out" / "grades.csv").exists()
 
 
@@ -435,6 +439,8 @@ def test_a_worker_killed_mid_grading_loses_nothing(dask_cluster, tmp_path):
     assert grading.returncode == 0, printed
     assert _scores(out / "grades.csv") == expected, printed
     assert all(r["status"] != "error" for r in csv_rows(out / "grades.csv"))
+    # the loop ran out of its 5 s twice on its worker: graded again there (its autograde, as the worker timed it)
+    assert json.loads((out / "state" / "loops" / "hw1" / ".timing.json").read_text())["autograde"] >= 2 * 5
     # re-running on the cluster is idempotent: nothing is graded again
     before = {p: p.stat().st_mtime_ns for p in out.glob("state/*/*/done.sha256")}
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)
