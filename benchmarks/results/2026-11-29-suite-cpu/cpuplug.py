@@ -20,5 +20,6 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     own1, reaped1 = _cpu()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.makedirs("/tmp/plug", exist_ok=True)
     with open(f"/tmp/plug/cpu-{worker}.tsv", "a") as f:
         f.write(f"{item.nodeid}\t{own1 - own0:.2f}\t{reaped1 - reaped0:.2f}\t{time.monotonic() - started:.2f}\n")
