@@ -157,12 +157,13 @@ def give_passwords(c: Class) -> Path:
 
 
 def _read_private_csv(path: Path) -> dict[str, str]:
+    from .files import read_regular
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        text = read_regular(path, 2**24).decode()
     except FileNotFoundError:
         return {}
-    with os.fdopen(fd) as f:
-        return dict(line.split(",", 1) for line in f.read().splitlines() if "," in line)
+    return dict(line.split(",", 1) for line in text.splitlines() if "," in line)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -251,15 +252,16 @@ def prepare_course_root(c: Class, source: Path, assignments: list[str]) -> None:
                          "yet")
 
     def as_owner(*command: str, stdin: bytes | None = None) -> str:
-        """``command`` run as the owner in the course root (entered as the owner, not by root)."""
-        done = subprocess.run(["runuser", "-u", owner.pw_name, "--", "sh", "-c", 'cd "$0" && exec "$@"', str(root),
-                               *command], input=stdin, capture_output=True, check=False)
+        """``command`` run as the owner in the course root, which the owner makes where it is missing and enters
+        (root does neither)."""
+        enter = 'mkdir -p "$0" && cd "$0" && exec "$@"'
+        done = subprocess.run(["runuser", "-u", owner.pw_name, "--", "sh", "-c", enter, str(root), *command],
+                              input=stdin, capture_output=True, check=False)
         if done.returncode:
             said = (done.stdout + done.stderr).decode(errors="replace").strip()
             raise RuntimeError(f"{' '.join(command[:2])} as {owner.pw_name} in {root} failed: {said[-2000:]}")
         return done.stdout.decode(errors="replace")
 
-    subprocess.run(["runuser", "-u", owner.pw_name, "--", "mkdir", "-p", str(root)], check=True, capture_output=True)
     # root reads the source (the solutions are root's alone), the owner writes the copy: whole, or not at all
     packed = subprocess.run(["tar", "-C", str(source), "-cf", "-", "."], check=True, capture_output=True).stdout
     as_owner("sh", "-c", '[ -e source ] || { rm -rf .source.partial && mkdir .source.partial && '
