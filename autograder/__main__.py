@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -123,9 +124,14 @@ def main(argv=None) -> int:
 
 
 def _hub(parser, args) -> int:
-    from .hub import set_up, start
+    from .hub import require_root, set_up, start
+    from .users_python import users_python
 
     try:
+        require_root()
+        python = users_python(args.state)
+        if python != Path(sys.executable):  # the hub and every server it starts run the one the users can reach
+            os.execv(python, [str(python), "-m", "autograder", *sys.argv[1:]])
         served = set_up(args.roster, args.state, args.course_id, args.source, args.exchange)
         hub = start(served, args.port)
     except (FileNotFoundError, PermissionError, ValueError, RuntimeError) as err:

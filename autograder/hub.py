@@ -206,15 +206,14 @@ def write_role_config(c: Class) -> None:
 
 
 def _check_reachable(name: str) -> None:
-    """Each server runs this environment's Python as its user: say so plainly where that user cannot (a Python
-    under root's home, as pyenv installs it for root)."""
+    """Each server runs this Python as its user (users_python.py made it one every account can reach): say so
+    plainly where that user still cannot."""
     ran = subprocess.run(["runuser", "-u", name, "--", sys.executable, "-c", "import jupyterhub"],
                          capture_output=True, text=True)
     if ran.returncode:
         raise PermissionError(
             f"the users' servers run {sys.executable}, which {name} cannot run ({ran.stderr.strip()[-300:]}): "
-            "build the environment from a Python 3.11.4 or later that every account can run (`make clean`, then "
-            "`make hub PYTHON=/opt/python3.11/bin/python3`), or let accounts pass through the folder that holds it")
+            "put the checkout and the hub's state (--state) in folders every account can pass through")
 
 
 def prepare_exchange(c: Class) -> None:
@@ -345,10 +344,14 @@ def check_course_id(course_id: str) -> None:
         raise ValueError(f"course id {course_id!r}: expected letters, digits, _ or -, at most 31")
 
 
-def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
+def require_root() -> None:
     if os.geteuid() != 0:
         raise PermissionError("the hub runs each user's server as that user's own system account, which only root "
                               "can create and switch to: run `make hub` as root (or with sudo)")
+
+
+def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
+    require_root()
     check_course_id(course_id)
     members = read_roster(roster)
     if any(m.name == f"{course_id}-instructors"[:32] for m in members):

@@ -2,6 +2,7 @@
 through a real hub on 127.0.0.1, with real system accounts, in chromium, where the machine allows them."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from autograder.hub import read_roster
+from autograder.users_python import passable_by_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,30 +92,6 @@ def _why_no_hub() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _others_pass_through(*paths: Path):
-    """The folders above ``paths`` that other accounts cannot pass through (pyenv's Python under root's 0700 home)
-    made passable, not readable (o+x), while the test's users run this environment's Python; their modes put
-    back after. A machine serving a class builds its environment from a Python every account can run instead
-    (docs/deploying.md)."""
-    blocked = sorted({folder for path in paths for folder in Path(path).resolve().parents
-                      if not folder.stat().st_mode & 0o001})
-    modes = {folder: folder.stat().st_mode & 0o7777 for folder in blocked}
-    try:
-        for folder, mode in modes.items():
-            folder.chmod(mode | 0o001)
-        yield
-    finally:
-        for folder, mode in modes.items():
-            folder.chmod(mode)
-
-
-@pytest.fixture
-def others_pass_through():
-    with _others_pass_through(Path(sys.prefix) / "bin", Path(sys.executable), Path(sys.base_prefix) / "lib", ROOT):
-        yield
-
-
 def _three_free_ports() -> int:
     """The first of three free ports in a row on 127.0.0.1: the hub's, its own API's, its proxy's."""
     for first in range(8230, 8330, 3):
@@ -142,7 +120,7 @@ WRONG = "def squares(n):\n    return [i * i for i in range(1, n + 1)]\n"  # from
 @pytest.mark.browser
 @pytest.mark.skipif(_why_no_hub() is not None, reason=str(_why_no_hub()))
 @pytest.mark.skipif(_why_no_browser() is not None, reason=str(_why_no_browser()))
-def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_through):
+def test_a_class_takes_an_assignment_through_the_hub_in_a_browser():
     """Two students and an instructor log in to the hub in chromium. The students fetch the assignment, answer it
     (one right, one wrong), validate and submit; the instructor collects and grades with this project's grader,
     grades the written answer by hand in formgrader and releases the feedback; each student fetches theirs and
@@ -180,7 +158,7 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
     def as_user(user: str, *command: str) -> subprocess.CompletedProcess:
         """As the user's own terminal runs it: their environment, none of root's (this session's caches)."""
         return subprocess.run(["runuser", "-u", user, "--", "env", "-i", f"HOME=/home/{user}", f"USER={user}",
-                               "LANG=C.UTF-8", f"PATH={Path(sys.executable).parent}:/usr/bin:/bin", *command],
+                               "LANG=C.UTF-8", f"PATH={python.parent}:/usr/bin:/bin", *command],
                               cwd="/tmp", capture_output=True, text=True)
 
     try:
@@ -191,6 +169,9 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
             assert hub.poll() is None, f"the hub stopped: {hub_log()}"
             time.sleep(1)
         given = dict(line.split(",") for line in (state / "private" / "initial-passwords.csv").read_text().split())
+        # the Python the servers run: this one, or where its base is root's alone (pyenv's), the hub's copy of it
+        python = Path(json.loads((state / "private" / "roster.json").read_text())["python"])
+        assert (python == Path(sys.executable)) == passable_by_all(Path(sys.base_prefix) / "bin"), python
         assert oct((state / "private").stat().st_mode & 0o777) == "0o700"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -293,7 +274,7 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
             for step in (["collect", "--course", str(course)],
                          ["grade", str(course / "submitted"), "--course", str(course), "--db", db, "--output",
                           "/home/hubtest-teach/grading", "--no-progress", "--for-formgrader"]):
-                done = as_user("hubtest-teach", sys.executable, "-m", "autograder", *step)
+                done = as_user("hubtest-teach", str(python), "-m", "autograder", *step)
                 assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
             autograded = sorted(str(p.relative_to(course)) for p in (course / "autograded").rglob("*.ipynb"))
             assert autograded == [f"autograded/{u}/hw1/squares.ipynb" for u in ("hubtest-ann", "hubtest-ben")], (
@@ -320,7 +301,7 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser(others_pass_th
                     time.sleep(1)
                 assert scores[user] == total, scores
                 teach.screenshot(path=str(SHOTS / f"hub-5-teach-grades-{user}.png"))
-            done = as_user("hubtest-teach", sys.executable, "-m", "autograder", "feedback", "--output",
+            done = as_user("hubtest-teach", str(python), "-m", "autograder", "feedback", "--output",
                            "/home/hubtest-teach/grading", "--db", db, "--release")
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
