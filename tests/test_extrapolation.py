@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from alibi_ref.lab.extrapolation import METHODS, QUICK, Settings, TinyLM, corpus, perplexity, rotate, run, sinusoidal
+from alibi_ref.lab.extrapolation import (
+    METHODS,
+    QUICK,
+    Settings,
+    TinyLM,
+    corpus,
+    perplexity,
+    rotate,
+    run,
+    sinusoidal,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "solutions" / "alibi" / "extrapolation_results.json"
@@ -83,6 +94,26 @@ def test_the_attention_weights_read_out_are_the_ones_each_block_attends_with(met
             got = block.proj((w @ v).transpose(1, 2).reshape(x.shape))
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
             x = block(x)
+
+
+def test_slopes_given_are_the_ones_attended_with_and_learned_ones_train_and_stay_positive():
+    """09's ablation: a schedule of one's own is what the heads use; learned slopes get gradients, move, stay
+    positive; a schedule that is not one slope per head, or not positive, is refused saying what was expected."""
+    s = Settings(context=8, d_model=16, n_head=4, n_layer=1)
+    torch.manual_seed(0)
+    flat = TinyLM(replace(s, slopes=(0.5,) * 4), "alibi").eval()
+    weights = flat.attention_weights(torch.zeros(1, 6, dtype=torch.long))[0]  # equal tokens: the bias alone decides
+    torch.testing.assert_close(weights[0, 0], weights[0, 3])
+    torch.testing.assert_close(weights[0, 0, 5, 4] / weights[0, 0, 5, 3], torch.tensor(math.exp(0.5)))
+    learned = TinyLM(replace(s, learn_slopes=True, steps=5), "alibi")
+    before = learned.blocks[0].slopes.detach().clone()
+    assert [n for n, _ in learned.named_parameters() if "slopes" in n] == ["blocks.0.log_slopes"]
+    train(learned, corpus()[0], replace(s, learn_slopes=True, steps=5, batch=4, lr=0.1))
+    after = learned.blocks[0].slopes.detach()
+    assert not torch.allclose(after, before) and bool((after > 0).all()), (before, after)
+    for wrong in ((0.5,) * 3, (0.5, 0.25, -0.125, 0.0625)):
+        with pytest.raises(ValueError, match="expected 4 positive numbers, one per head"):
+            TinyLM(replace(s, slopes=wrong), "alibi")
 
 
 def test_perplexity_of_a_uniform_model_is_256():

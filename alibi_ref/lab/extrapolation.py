@@ -36,7 +36,9 @@ class Settings:
     context: int = 64  # L, the training length
     n_layer: int = 2
     d_model: int = 128
-    n_head: int = 8  # slopes 1/2 .. 1/256, the paper's set
+    n_head: int = 8
+    slopes: tuple[float, ...] | None = None  # ALiBi's slope per head; None: the paper's, 1/2 .. 1/256 for 8 heads
+    learn_slopes: bool = False  # ALiBi's slopes trained with the model, from ``slopes``
     batch: int = 32
     steps: int = 1100
     lr: float = 3e-3
@@ -97,7 +99,18 @@ class Block(nn.Module):
         self.qkv = nn.Linear(s.d_model, 3 * s.d_model)
         self.proj = nn.Linear(s.d_model, s.d_model)
         self.mlp = nn.Sequential(nn.Linear(s.d_model, 4 * s.d_model), nn.GELU(), nn.Linear(4 * s.d_model, s.d_model))
-        self.register_buffer("slopes", torch.tensor(get_slopes(s.n_head), dtype=torch.float32), persistent=False)
+        slopes = torch.tensor(get_slopes(s.n_head) if s.slopes is None else s.slopes, dtype=torch.float32)
+        if slopes.shape != (s.n_head,) or not (slopes > 0).all():
+            raise ValueError(f"slopes: expected {s.n_head} positive numbers, one per head; got {s.slopes}")
+        if s.learn_slopes:  # learned as logarithms: a slope stays positive, a penalty on distance, never a reward
+            self.log_slopes = nn.Parameter(slopes.log())
+        else:
+            self.register_buffer("fixed_slopes", slopes, persistent=False)
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        """(nh,) ALiBi's slope for each head: fixed, or the learned ones."""
+        return self.log_slopes.exp() if hasattr(self, "log_slopes") else self.fixed_slopes
 
     def heads(self, x):
         """q, k, v of ``x`` (B, T, C), each (B, nh, T, hs), rotated where the method is rotary."""
