@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,16 @@ def test_every_cell_is_an_answer_a_test_or_locked():
                 continue
             assert meta.get("solution") or meta.get("grade") or meta.get("locked") or meta.get("task"), (
                 f"{path.name} cell {n} ({cell.get('id')}) has no nbgrader role")
+
+
+def test_each_notebook_states_the_time_the_student_paced_estimate_gives():
+    """benchmarks/student_time.py estimates each notebook's time from what it asks a student to read, write and
+    code; the time a notebook states is that estimate (`--write` restates them after a notebook changes)."""
+    student_time = runpy.run_path(str(ROOT / "benchmarks" / "student_time.py"))
+    stated = {name: student_time["stated"](name) for name in NOTEBOOKS}
+    assert stated == {name: student_time["estimate"](name) for name in NOTEBOOKS}, (
+        "restate with `.venv/bin/python benchmarks/student_time.py --write`, then `make release`")
+    assert all(re.fullmatch(r"\d+(\.5)? to \d+(\.5)? (minutes|hours)", t) for t in stated.values()), stated
 
 
 def test_every_written_answer_has_a_rubric_and_says_what_a_full_answer_covers():
