@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                    help="write instead the one-off Job that lays out the exchange and the course root, run in IMAGE")
     args = parser.parse_args(argv)
     if args.command == "hub":
-        return _hub(parser, args)
+        return _hub(parser, args, sys.argv[1:] if argv is None else argv)
     if args.command == "kubernetes":
         return _kubernetes(parser, args)
     from .grade import grade
@@ -123,18 +123,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def _hub(parser, args) -> int:
-    from .hub import require_root, set_up, start
+def _hub(parser, args, argv: list[str]) -> int:
+    from .hub import check_course_id, read_roster, require_root, set_up, start
     from .users_python import users_python
 
     try:
         require_root()
+        read_roster(args.roster)  # what is wrong with the class, said before the Python is copied for it
+        check_course_id(args.course_id)
         python = users_python(args.state)
         if python != Path(sys.executable):  # the hub and every server it starts run the one the users can reach
-            os.execv(python, [str(python), "-m", "autograder", *sys.argv[1:]])
+            os.execv(python, [str(python), "-m", "autograder", *argv])
         served = set_up(args.roster, args.state, args.course_id, args.source, args.exchange)
         hub = start(served, args.port)
-    except (FileNotFoundError, PermissionError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError) as err:  # OSError: a full disk, a missing file, a refused folder
         parser.error(str(err))
     print(f"JupyterHub for {len(served.members)} users at http://127.0.0.1:{args.port}/; their passwords, to hand "
           f"out, are in {served.private / 'initial-passwords.csv'}; the course root is {served.course_root}. "

@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/student_time.py [--markdown] [--write]
 
-``--write`` puts each estimate into its notebook's opening (solutions/; `make release` carries it to course/), so
-that the time a notebook states is this estimate's (tests/test_notebooks.py holds them together).
+``--write`` puts each estimate into its notebook's opening in solutions/, from the text of the release in course/:
+after a notebook changes, `make release`, then ``--write``, then `make release` again to carry the time to
+course/ (tests/test_notebooks.py holds the stated times to the estimate).
 
 What is counted, per notebook:
 - reading: the words of the release's text (prompts, hints, questions) and of the code it hands out;
@@ -67,7 +68,8 @@ def _role(cell) -> dict:
 def workload(name: str) -> Workload:
     release = nbformat.read(RELEASE / f"{name}.ipynb", as_version=4)
     solution = nbformat.read(SOLUTIONS / f"{name}.ipynb", as_version=4)
-    prose = sum(len(WORD.findall(c.source)) for c in release.cells if c.cell_type == "markdown"
+    # the release's text as the student reads it, without the time this estimate states (it would count itself)
+    prose = sum(len(WORD.findall(STATED.sub("", c.source))) for c in release.cells if c.cell_type == "markdown"
                 and not _role(c).get("solution"))
     handed_out = sum(len(WORD.findall(c.source)) for c in release.cells if c.cell_type == "code"
                      and not _role(c).get("solution"))

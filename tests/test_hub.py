@@ -172,6 +172,11 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser():
         # the Python the servers run: this one, or where its base is root's alone (pyenv's), the hub's copy of it
         python = Path(json.loads((state / "private" / "roster.json").read_text())["python"])
         assert (python == Path(sys.executable)) == passable_by_all(Path(sys.base_prefix) / "bin"), python
+        if python != Path(sys.executable):  # the copy: Python's own files alone, root's to change
+            copied = [p for p in (state / "python").rglob("*") if not p.is_symlink()]
+            assert sorted(p.name for p in (state / "python").iterdir()) == [".copy-of", "bin", "include", "lib"]
+            assert not any((state / "python").glob("lib/python*/site-packages/*")), "the base's packages copied"
+            assert [p for p in copied if p.stat().st_uid != 0 or p.stat().st_mode & 0o022] == []
         assert oct((state / "private").stat().st_mode & 0o777) == "0o700"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -83,7 +83,7 @@ def test_each_notebook_states_the_time_the_student_paced_estimate_gives():
     student_time = runpy.run_path(str(ROOT / "benchmarks" / "student_time.py"))
     stated = {name: student_time["stated"](name) for name in NOTEBOOKS}
     assert stated == {name: student_time["estimate"](name) for name in NOTEBOOKS}, (
-        "restate with `.venv/bin/python benchmarks/student_time.py --write`, then `make release`")
+        "restate: `make release`, `.venv/bin/python benchmarks/student_time.py --write`, `make release`")
     assert all(re.fullmatch(r"\d+(\.5)? to \d+(\.5)? (minutes|hours)", t) for t in stated.values()), stated
 
 

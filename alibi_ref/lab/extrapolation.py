@@ -196,7 +196,11 @@ class TinyLM(nn.Module):
 
 def train(model: TinyLM, data: torch.Tensor, s: Settings, on_step=None) -> list[float]:
     gen = torch.Generator().manual_seed(s.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01)
+    # learned slopes without weight decay: decay would pull log m to 0, every slope towards 1, steeper
+    slopes = [p for name, p in model.named_parameters() if name.endswith("log_slopes")]
+    rest = [p for name, p in model.named_parameters() if not name.endswith("log_slopes")]
+    groups = [{"params": rest}] + ([{"params": slopes, "weight_decay": 0.0}] if slopes else [])
+    opt = torch.optim.AdamW(groups, lr=s.lr, weight_decay=0.01)
     warmup = max(1, s.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda t: min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(t, s.steps) / s.steps)))
