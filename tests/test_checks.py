@@ -296,6 +296,32 @@ def test_a_wrong_upstream_costs_only_its_own_exercise():
     assert not verdict("alibi_head", wrong_too, 2).passed, "a correct softmax does not rescue a wrong head"
 
 
+MHA_SEEDED_AFTER_BUILDING = '''
+def mha_alibi(seed, x, num_heads, qkv_features):
+    mha = nn.MultiheadAttention(qkv_features, num_heads).to(device=x.device, dtype=x.dtype)
+    torch.manual_seed(seed)  # too late: the weights were drawn from whatever the generator held
+    slopes = torch.as_tensor(get_slopes(num_heads), device=x.device, dtype=x.dtype)
+    return mha(x, x, x, attn_mask=alibi_bias_torch(slopes, x.shape[0], x.shape[0]), need_weights=False)[0].flatten()
+'''
+
+
+def test_a_correct_upstream_is_never_blamed_nor_a_failing_exercise_called_right_in_the_session():
+    """07's pitfall: a layer built before seeding differs on each call, so a second run (once the first has seeded)
+    can pass where the first failed. Its upstream, alibi_bias_torch, passes its own check: nothing is lent, the
+    exercise fails as grading fails it, and the message blames no other piece. Lent where the upstream fails."""
+    from torch import nn
+
+    namespace = {"torch": torch, "nn": nn, "get_slopes": get_slopes}
+    exec(SOLUTION["alibi_bias_torch"] + MHA_SEEDED_AFTER_BUILDING, namespace)
+    torch.manual_seed(123)  # what the generator holds before the check: not the seed the case asks for
+    v = verdict("mha_alibi", namespace["mha_alibi"])
+    assert not v.passed and "alibi_bias_torch" not in v.message, v.message
+    assert run("mha_alibi", namespace["mha_alibi"]).get("upstream") is None
+    fn, namespace = answer("alibi_head")
+    namespace["softmax"] = lambda x: np.zeros_like(np.asarray(x, float))
+    assert run("alibi_head", fn)["upstream"] == ["softmax"]  # the student's softmax fails its own check: lent
+
+
 def _mha_alibi(built_in_dtype: bool, as_bool: bool = False):
     from torch import nn
 

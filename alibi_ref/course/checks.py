@@ -99,6 +99,8 @@ def run(name: str, answer, seed: int | None = None, device=None) -> dict:
     payload = {"exercise": name, "seed": None if seed is None else int(seed),
                "results": [_call(call, case, spec, device) for case in chosen]}
     lent = _lent(spec["upstream"], answer)
+    if lent and not os.environ.get(GRADING_ENV):
+        lent = _failing_their_own_checks(lent, answer, payload, device)
     if lent:
         rebound = _with_reference_upstream(answer, lent)
         payload["upstream"] = sorted(lent)
@@ -134,6 +136,25 @@ def _lent(names: list[str], answer) -> dict[str, Callable]:
     except ImportError:  # a graded kernel's view holds none, or only those a rescue run lends
         return {}
     return {n: LENT[n] for n in names if n in LENT and callable(answer) and n in getattr(answer, "__globals__", {})}
+
+
+def _failing_their_own_checks(lent: dict[str, Callable], answer: Callable, payload: dict, device) -> dict:
+    """In the student's session, of the upstream answers ``lent`` would replace, those whose own visible checks
+    fail, and none where this answer passes as it is: as the grader lends only upstream answers that failed, a
+    correct piece is never blamed and an exercise that grading fails is never called right."""
+    from .judge import judge
+
+    if judge(payload).passed:
+        return {}
+    failing = {}
+    for name, reference in lent.items():
+        try:
+            passed = judge(run(name, answer.__globals__[name], device=device)).passed
+        except Exception:  # theirs cannot even be run on its own cases: it fails its check
+            passed = False
+        if not passed:
+            failing[name] = reference
+    return failing
 
 
 def _with_reference_upstream(answer: Callable, lent: dict[str, Callable]) -> Callable:

@@ -51,15 +51,14 @@ def judge(payload: dict, secret: bytes | None = None, *, rescue: bool = False, p
     failures = _failures(ex, chosen, results, expected)
     names = [str(n) for n in payload.get("upstream", ())]
     upstream, fails = " and ".join(names), "fail their own checks" if len(names) > 1 else "fails its own check"
-    if not failures and rescue:
-        return Verdict(True, f"{ex.name}: {passed} with a correct {upstream} in place of yours. Your {upstream} "
-                             f"{fails} (which say{'s' * (len(names) == 1)} how); this exercise is right.")
+    # results made with the reference's upstream exist only for upstream answers that failed their own checks
+    rescued_passes = f"{ex.name}: {passed} with a correct {upstream} in place of yours. Your {upstream} {fails} " \
+                     f"(which say{'s' * (len(names) == 1)} how); this exercise is right."
     if not failures:
-        return Verdict(True, f"{ex.name}: {passed}")
+        return Verdict(True, rescued_passes if rescue else f"{ex.name}: {passed}")
     if not rescue and rescued is not None and len(rescued) == len(chosen) and not _failures(
             ex, chosen, list(rescued), expected):
-        return Verdict(True, f"{ex.name}: {passed} with a correct {upstream} in place of yours. If your "
-                             f"{upstream} {fails}, that is the mistake; this exercise is right.")
+        return Verdict(True, rescued_passes)
     case, problem = failures[0]
     others = len(failures) - 1
     more = f" ({others} more {where} check{'s' * (others > 1)} failed too)" if others else ""
