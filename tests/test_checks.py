@@ -240,16 +240,34 @@ def test_every_classic_mistake_fails_the_hidden_checks_and_is_named_whatever_the
     the given value where a case's value is given (a mistake is named only where the answer ran on every case)."""
     ex = EXERCISES[name]
     for secret in (bytes(range(i, i + 32)) for i in (1, 77, 190)):
-        chosen = model.cases(name, 7, secret)
-        spec = json.loads(json.dumps(model.kernel_cases(name, 7, secret)))  # what a graded kernel reads
         for mistake in ex.mistakes:
-            with np.errstate(all="ignore"):  # the mistakes overflow as such answers do
-                results = [{"value": encode(_as_an_answer_returns(mistake.variant(*c.args, **c.kwargs), ex, c)),
-                            "device": "cpu" if ex.torch_inputs else None}
-                           if c.expected is None and not c.raises else _given(c, k, ex, spec)
-                           for c, k in zip(chosen, spec["cases"], strict=True)]
-            v = judge({"exercise": name, "seed": 7, "results": results}, secret)
+            try:
+                v = judge({"exercise": name, "seed": 7, "results": _mistaken(ex, mistake, 7, secret)}, secret)
+            except ValueError:  # the mistaken code raises on a hidden shape, as the student's does (softmax without
+                # keepdims): that case fails the check and names nothing; the visible cases name it
+                results = _mistaken(ex, mistake, 7, secret, raising=True)
+                assert not judge({"exercise": name, "seed": 7, "results": results}, secret).passed
+                v = judge({"exercise": name, "seed": None, "results": _mistaken(ex, mistake, None, None)})
             assert not v.passed and mistake.hint in v.message, (secret.hex()[:8], mistake.hint, v.message)
+
+
+def _mistaken(ex, mistake, seed, secret, raising=False) -> list:
+    """What a kernel hands back for an answer that makes ``mistake``, on one check call's cases: the mistake's
+    values where the reference computes the expected ones, the given value where a case's value is given; with
+    ``raising``, the error where the mistaken code raises, as the kernel reports it."""
+    chosen = model.cases(ex.name, seed, secret)
+    spec = json.loads(json.dumps(model.kernel_cases(ex.name, seed, secret)))  # what a graded kernel reads
+    results = []
+    for c, k in zip(chosen, spec["cases"], strict=True):
+        if c.expected is not None or c.raises:
+            results.append(_given(c, k, ex, spec))
+        elif raising:
+            results.append(checks._call(mistake.variant, k, spec, None))
+        else:
+            with np.errstate(all="ignore"):  # the mistakes overflow as such answers do
+                results.append({"value": encode(_as_an_answer_returns(mistake.variant(*c.args, **c.kwargs), ex, c)),
+                                "device": "cpu" if ex.torch_inputs else None})
+    return results
 
 
 SCORE_MOD = """

@@ -45,7 +45,7 @@ def variant_bias(slopes, q_len: int, k_len: int, causal: bool = False, *, sign=-
 
 
 def attention_variant(q, k, v, slopes, *, causal=False, scale=True, bias_scaled=False, axis=-1, bool_mask=False,
-                      **bias_flags):
+                      keep_mask=False, **bias_flags):
     """ALiBi attention with one classic mistake switched on: (output (..., H, i, d_v), weights (..., H, i, j)).
 
     q (..., H, i, d), k and v (..., H, j, d); every flag at its default is ALiBi's attention.
@@ -56,6 +56,8 @@ def attention_variant(q, k, v, slopes, *, causal=False, scale=True, bias_scaled=
     bias = variant_bias(slopes, q.shape[-2], k.shape[-2], causal, **bias_flags)
     if bool_mask:  # nn.MultiheadAttention reads True as "may not attend": the bias as bool is True off the diagonal
         scores = np.where(bias != 0, -np.inf, scores)
+    elif keep_mask:  # scaled_dot_product_attention reads True as "may attend": every key but the query's own
+        scores = np.where(bias != 0, scores, -np.inf)
     else:
         scores = scores + (bias / root if bias_scaled else bias)
     weights = softmax(scores, axis=axis)
@@ -77,6 +79,9 @@ ATTENTION_MISTAKES = {  # name -> (the hint a student reads, the flags of attent
                {"signed": True}),
     "key_only": ("this is the key-only form +m * j: build the relative form -m * |i' - j| (section 7.1)",
                  {"key_only": True}),
+    "sdpa_bool": ("the bias went in as a boolean mask (bias.bool()): scaled_dot_product_attention reads True as "
+                  "'may attend', so every key but the query's own takes part, unpenalised, and the slopes are lost; "
+                  "pass the float bias", {"keep_mask": True}),
 }
 
 
@@ -162,6 +167,14 @@ def _large_scores(rng):
     return np.round((rng.normal(scale=5, size=(2, 6)) + rng.uniform(800, 1000)) * 64) / 64
 
 
+def _softmax_without_keepdims(x):
+    """softmax's sums without keepdims: a row's exps divided by every row's sum, column by column (NumPy's
+    broadcasting), or a ValueError where the shapes do not line up, as the student's code raises."""
+    x = np.asarray(x, float)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1)
+
+
 exercise(Exercise(
     "softmax",
     visible=lambda: [Case("softmax([0, 0])", ([0.0, 0.0],), atol=1e-12),
@@ -173,6 +186,8 @@ exercise(Exercise(
     reference=lambda x: softmax(x),
     mistakes=(Mistake("softmax runs over the wrong axis: each row (the last axis) should sum to 1",
                       lambda x: softmax(x, axis=0)),
+              Mistake("the sums lost their axis: e.sum(axis=-1) without keepdims=True divides each row by the "
+                      "other rows' sums (broadcasting lines them up with the columns)", _softmax_without_keepdims),
               Mistake("exp overflows for large scores: subtract each row's maximum first (softmax does not change)",
                       lambda x: np.exp(np.asarray(x, float)) / np.exp(np.asarray(x, float)).sum(-1, keepdims=True))),
 ))
@@ -701,7 +716,7 @@ exercise(Exercise(
     hidden=lambda rng: [*(Case("alibi_attention_torch, " + c.label, c.args, c.kwargs)
                           for c in _torch_attention_cases(rng)), _attention_on_meta()],
     reference=torch_attention_reference,
-    mistakes=_TORCH_ATTENTION_MISTAKES,
+    mistakes=_TORCH_ATTENTION_MISTAKES + attention_mistakes(_attention_mistakes_4d, "sdpa_bool"),
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
     helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
@@ -849,7 +864,8 @@ exercise(Exercise(
                       "float bias", _either_build(bool_mask=True)),
               Mistake("the bias has the wrong sign: attn_mask is added to the scores, so it must be -m * |i - j|",
                       _either_build(sign=1.0)),
-              Mistake("this is attention without ALiBi: is the bias reaching attn_mask?", _either_build(sign=0.0))),
+              Mistake("this is attention without ALiBi: is the bias reaching attn_mask?", _either_build(sign=0.0)),
+              *attention_mistakes(_either_build, "bias_scaled")),
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
     helpers=("get_slopes",),  # the notebook imports it: the exercise is the layer, not the slopes
@@ -878,7 +894,7 @@ exercise(Exercise(
     visible=_sdpa_visible,
     hidden=_sdpa_cases,
     reference=torch_attention_reference,
-    mistakes=_TORCH_ATTENTION_MISTAKES,
+    mistakes=_TORCH_ATTENTION_MISTAKES + attention_mistakes(_attention_mistakes_4d, "sdpa_bool"),
     upstream=("alibi_bias_torch",),
     torch_inputs=True,
     helpers=("get_slopes",),  # beside mha_alibi, which uses it: no slope computes this exercise
@@ -1306,8 +1322,9 @@ exercise(Exercise(
 ))
 
 
-def _flax_nnx_output(seed, x, num_heads, qkv_features):
-    """The same layer in flax.nnx: nnx.MultiHeadAttention built with ``rngs=nnx.Rngs(seed)``."""
+def _flax_nnx_output(seed, x, num_heads, qkv_features, biased=True):
+    """The same layer in flax.nnx: nnx.MultiHeadAttention built with ``rngs=nnx.Rngs(seed)`` (without
+    ``attention_fn`` where not ``biased``: plain attention)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -1318,7 +1335,8 @@ def _flax_nnx_output(seed, x, num_heads, qkv_features):
         return nnx.dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)
 
     layer = nnx.MultiHeadAttention(num_heads=num_heads, in_features=x.shape[-1], qkv_features=qkv_features,
-                                   decode=False, rngs=nnx.Rngs(seed), attention_fn=alibi_fn)
+                                   decode=False, rngs=nnx.Rngs(seed),
+                                   attention_fn=alibi_fn if biased else nnx.dot_product_attention)
     return np.asarray(layer(x)).ravel()
 
 
@@ -1329,6 +1347,9 @@ exercise(Exercise(
     hidden=lambda rng: [Case(c.label.replace("mha_alibi(", "mha_alibi_nnx("), c.args, atol=1e-6)
                         for c in _flax_cases(rng)],
     reference=_flax_nnx_output,
+    mistakes=(Mistake("this is plain attention: the bias never reached the scores (is attention_fn passed to "
+                      "nnx.MultiHeadAttention, and does it hand bias= on to nnx.dot_product_attention?)",
+                      lambda *a: _flax_nnx_output(*a, biased=False)),),
     upstream=("alibi_bias_jax",),
     jax_inputs=True,
 ))
