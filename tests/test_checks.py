@@ -314,6 +314,15 @@ def test_a_wrong_upstream_costs_only_its_own_exercise():
     assert not verdict("alibi_head", wrong_too, 2).passed, "a correct softmax does not rescue a wrong head"
 
 
+def test_an_answer_tied_to_the_cpu_is_told_why_the_meta_device_fails_it():
+    """07.1's meta case: a bias built with device="cpu" is right on the CPU and raises on meta, where no mistake
+    can be named (it ran on no value); the message says what ties a function to one device."""
+    fn, _ = answer("alibi_bias_torch", ("device=slopes.device)[:, None]", 'device="cpu")[:, None]'),
+                   ("device=slopes.device)[None, :]", 'device="cpu")[None, :]'))
+    v = verdict("alibi_bias_torch", fn)
+    assert not v.passed and "meta device" in v.message and "device='cpu'" in v.message, v.message
+
+
 MHA_SEEDED_AFTER_BUILDING = '''
 def mha_alibi(seed, x, num_heads, qkv_features):
     mha = nn.MultiheadAttention(qkv_features, num_heads).to(device=x.device, dtype=x.dtype)

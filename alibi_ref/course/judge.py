@@ -115,6 +115,13 @@ def load_expected(path) -> None:
         _EXPECTED.update(pickle.load(f))
 
 
+# why an answer that is right on the CPU raises on the meta device, where a mistake cannot be named (it ran on
+# no value): the two ways a function ties itself to one device or to values
+ON_META = ("\nHint: a tensor on the meta device has a shape and no values: your function reads values (.tolist(), "
+           ".item(), .numpy(), a loop over a tensor) or makes a tensor on a fixed device (device='cpu'); build from "
+           "the inputs' device and shapes (torch.arange(n, device=slopes.device))")
+
+
 def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
     if not isinstance(result, dict):
         raise ValueError("bad result")
@@ -125,7 +132,8 @@ def _problem(ex: Exercise, case: Case, result, expected) -> str | None:
             return ("raised NotImplementedError, as the answer cell does before it is answered: not answered yet "
                     "(an answer written in another cell is replaced when the answer cell runs after it)")
         at = result.get("at")  # where in the student's own code, as the kernel saw it
-        return f"raised {str(result['raised'])[:300]}" + (f" ({at[:200]})" if isinstance(at, str) and at else "")
+        return (f"raised {str(result['raised'])[:300]}" + (f" ({at[:200]})" if isinstance(at, str) and at else "")
+                + (ON_META if case.device == "meta" else ""))
     if case.raises:
         return f"should raise {case.raises}, but returned a value"
     got = decode(result["value"])
