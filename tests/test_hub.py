@@ -296,6 +296,9 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser():
             assert sorted(ids) == ["hubtest-ann", "hubtest-ben"], listed.text()[:1000]
             for user, points, total in (("hubtest-ann", "1", 3.0), ("hubtest-ben", "0.5", 0.5)):
                 teach.goto(f"{base}/user/hubtest-teach/formgrader/submissions/{ids[user]}/")
+                # formgrader binds each score's input once its request for the grades comes back, after the page's
+                # load: a score typed before then is not saved
+                teach.wait_for_function("() => window.formgrader && formgrader.grades && formgrader.grades.loaded")
                 score = teach.locator("input#why_empty")
                 score.fill(points)
                 score.press("Tab")  # formgrader saves a score as it changes
@@ -304,8 +307,8 @@ def test_a_class_takes_an_assignment_through_the_hub_in_a_browser():
                     if scores[user] == total:
                         break
                     time.sleep(1)
-                assert scores[user] == total, scores
                 teach.screenshot(path=str(SHOTS / f"hub-5-teach-grades-{user}.png"))
+                assert scores[user] == total, (scores, hub_log())  # the servers' log, formgrader's requests in it
             done = as_user("hubtest-teach", str(python), "-m", "autograder", "feedback", "--output",
                            "/home/hubtest-teach/grading", "--db", db, "--release")
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
