@@ -1,6 +1,11 @@
 import os
 
-import numpy as np
+# Two pytest workers share the machine's cores: each, and every kernel, script and grader it starts, runs one
+# thread, as the grader's own workers do (autograder/sandbox.py). Oversubscribed, torch's threads spin while they
+# wait for a core, and a notebook that needs 20 s of CPU alone used 70 beside the other worker.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # after the thread count, which numpy and torch read as they load
 import pytest
 import torch
 from hypothesis import HealthCheck, settings

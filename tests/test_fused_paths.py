@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -784,7 +785,9 @@ _SUBNORMAL_PROBE = textwrap.dedent("""
 
 
 def test_flush_denormals_reaches_every_thread():
-    done = subprocess.run([sys.executable, "-c", _SUBNORMAL_PROBE], capture_output=True, text=True, check=False)
+    every_thread = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the suite's one (conftest.py)
+    done = subprocess.run([sys.executable, "-c", _SUBNORMAL_PROBE], capture_output=True, text=True, check=False,
+                          env=every_thread)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["flushed"] and result["before"] == 1 << 22, result  # 1e-40 is subnormal: kept before
