@@ -124,13 +124,11 @@ def main(argv=None) -> int:
 
 
 def _hub(parser, args, argv: list[str]) -> int:
-    from .hub import check_course_id, read_roster, require_root, set_up, start
+    from .hub import read_class, set_up, start
     from .users_python import users_python
 
     try:
-        require_root()
-        read_roster(args.roster)  # what is wrong with the class, said before the Python is copied for it
-        check_course_id(args.course_id)
+        read_class(args.roster, args.course_id)  # what is wrong with the class, said before the Python is copied
         python = users_python(args.state)
         if python != Path(sys.executable):  # the hub and every server it starts run the one the users can reach
             os.execv(python, [str(python), "-m", "autograder", *argv])

@@ -350,12 +350,19 @@ def require_root() -> None:
                               "can create and switch to: run `make hub` as root (or with sudo)")
 
 
-def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
+def read_class(roster: Path, course_id: str) -> list[Member]:
+    """The class's members, or the error that says what is wrong with the roster or the course id (or that this
+    is not root), before anything is made for it."""
     require_root()
     check_course_id(course_id)
     members = read_roster(roster)
     if any(m.name == f"{course_id}-instructors"[:32] for m in members):
         raise ValueError(f"{course_id}-instructors is the instructors' group: no user may have that name")
+    return members
+
+
+def set_up(roster: Path, state: Path, course_id: str, source: Path, exchange: Path) -> Class:
+    members = read_class(roster, course_id)
     assignments = sorted(p.name for p in source.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
     if not assignments:
         raise FileNotFoundError(f"no assignments in {source}: expected one folder of notebooks per assignment")
